@@ -1,0 +1,39 @@
+# ddplab: the commands a user and CI run. `make help` lists them.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+DATA   ?= data/shards
+STEPS  ?= 50
+DEPTH  ?= 2
+
+.PHONY: help setup lint test test-fast data train demo bench clean
+
+help:  ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+setup: $(BIN)/.ddplab-installed  ## Create .venv and install ddplab with its pinned torch
+
+$(BIN)/.ddplab-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+lint: setup  ## ruff + ansible-lint (production profile)
+	$(BIN)/ruff check .
+	$(BIN)/ansible-lint --offline --profile production
+
+test: setup lint  ## Lint, then the whole test suite (simulated hosts need root)
+	$(BIN)/pytest -q
+
+test-fast: setup  ## Tests without the slow and simlan markers
+	$(BIN)/pytest -q -m 'not slow and not simlan'
+
+data: setup  ## Generate the default deterministic corpus as parquet shards
+	$(BIN)/python -m trainer.data prepare --out $(DATA)
+
+train: data  ## Single machine, 2 ranks, no Ansible
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --data $(DATA) --out runs/train --steps $(STEPS) --depth $(DEPTH)
+
+clean:  ## Remove generated data and runs (keeps .venv)
+	rm -rf data runs
