@@ -37,3 +37,9 @@ train: data  ## Single machine, 2 ranks, no Ansible
 
 clean:  ## Remove generated data and runs (keeps .venv)
 	rm -rf data runs
+
+demo: data  ## Fresh machine: setup, default data, a 2-rank launch on this machine, its summary
+	$(BIN)/ansible-playbook playbooks/launch.yml -e ddplab_wait=true
+
+bench: data  ## Benchmarks (numbers printed and written under bench/results/)
+	$(BIN)/python bench/trainer_scaling.py
