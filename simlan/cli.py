@@ -1,0 +1,133 @@
+"""`python -m simlan ...`: the command line over simlan.cluster. Errors are one line on stderr
+(`simlan: error: ...`) with exit 2 (bad input, missing requirement) or 1 (failure), no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from simlan.errors import SimlanError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, like every other simlan error
+        self.exit(2, f"simlan: error: {message} (see `python -m {self.prog} --help`)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="simlan", description="A simulated LAN of namespaced hosts with real sshd (needs root).")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    u = sub.add_parser("up", help="create hosts node0..N-1 and write inventory/simlan/")
+    u.add_argument("--nodes", type=int, default=2, help="number of hosts (default 2)")
+    u.add_argument("--rate", default=None,
+                   help="shape each host's eth0 with tc tbf at this rate (tc syntax: 1gbit, 100mbit); "
+                        "default unshaped")
+    u.add_argument("--cpus", choices=["auto", "none"], default="none",
+                   help="auto: pin host i (its PID 1 and every process under it) to CPU i mod nproc")
+    u.add_argument("--syn-retries", type=int, default=3,
+                   help="net.ipv4.tcp_syn_retries inside each host (kernel default 6, ~127 s before a "
+                        "connect to a silent peer fails; 3 fails in ~15 s) (default 3)")
+    u.add_argument("--inventory", default=None, help="inventory folder to write (default inventory/simlan)")
+    u.add_argument("--python", default=None,
+                   help="ansible_python_interpreter for the hosts (default: the venv Python running simlan)")
+    u.add_argument("--keep", action="append", default=[],
+                   help="another path under root's home to keep visible in the hosts' private home")
+    u.add_argument("--force", action="store_true", help="recreate the cluster if one is already up")
+
+    e = sub.add_parser("exec", help="run a command inside a host: exec NODE -- CMD ...")
+    e.add_argument("node")
+    e.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
+
+    sub.add_parser("status", help="table of hosts; exit 1 if a host's PID 1 or sshd is gone")
+    sub.add_parser("down", help="remove everything simlan made (safe to run twice)")
+
+    k = sub.add_parser("kill-host", help="simulate a host dying: cable pulled, every process SIGKILLed")
+    k.add_argument("node")
+    k.add_argument("--keep-link", action="store_true",
+                   help="leave the cable in: peers get connection resets instead of silence")
+
+    s = sub.add_parser("sshd", help="stop, start or restart a host's sshd")
+    s.add_argument("node")
+    s.add_argument("action", choices=["stop", "start", "restart"])
+    s.add_argument("--cut", action="store_true", help="also kill the host's open SSH sessions")
+    return p
+
+
+def _table(rows: list[dict]) -> str:
+    cols = [("host", "HOST"), ("address", "ADDRESS"), ("pid1", "PID 1"), ("sshd", "SSHD"),
+            ("rate", "RATE"), ("cpu", "CPU")]
+    cells = [[h for _, h in cols]] + [[str(r[k] if r[k] is not None else "dead") for k, _ in cols]
+                                      for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+    return "\n".join(lines)
+
+
+def _require_cluster(cluster_mod):
+    c = cluster_mod.load()
+    if c is None:
+        raise SimlanError("no simlan cluster is up; start one with `python -m simlan up --nodes 2`", code=2)
+    return c
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        from simlan import system
+
+        problem = system.root_problem()
+        if problem:
+            raise SimlanError(problem, code=2)
+        from simlan import cluster as cluster_mod
+
+        if args.command == "up":
+            c = cluster_mod.up(args.nodes, rate=args.rate, cpus=args.cpus, syn_retries=args.syn_retries,
+                               force=args.force, inventory_dir=args.inventory, python=args.python,
+                               keep=tuple(args.keep))
+            print(f"simlan: {'already up' if c.reused else 'up'}: {len(c.hosts)} host(s) on lab0 "
+                  f"10.77.0.1/24; inventory {c.inventory_dir}")
+            print(_table(c.status()))
+            return 0
+        if args.command == "status":
+            c = _require_cluster(cluster_mod)
+            rows = c.status()
+            print(_table(rows))
+            bad = [r["host"] for r in rows if not r["ok"]]
+            if bad:
+                print(f"simlan: not healthy: {', '.join(bad)}", file=sys.stderr)
+                return 1
+            return 0
+        if args.command == "down":
+            removed = cluster_mod.down()
+            print("simlan: down: removed the cluster" if removed else "simlan: down: nothing to remove")
+            return 0
+        if args.command == "exec":
+            cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+            if not cmd:
+                raise SimlanError("exec needs a command: python -m simlan exec NODE -- CMD ...", code=2)
+            c = _require_cluster(cluster_mod)
+            argv_ = c.nsenter_argv(args.node) + cmd
+            try:
+                proc = subprocess.run(argv_, env=c.host_env(args.node), preexec_fn=c.pin(args.node))
+            except KeyboardInterrupt:
+                return 130
+            return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        if args.command == "kill-host":
+            c = _require_cluster(cluster_mod)
+            c.kill_host(args.node, keep_link=args.keep_link)
+            print(f"simlan: {args.node}: killed (every process SIGKILLed"
+                  f"{'' if args.keep_link else ', cable pulled'})")
+            return 0
+        if args.command == "sshd":
+            c = _require_cluster(cluster_mod)
+            print(f"simlan: {args.node}: {c.sshd(args.node, args.action, cut=args.cut)}")
+            return 0
+    except SimlanError as exc:
+        print(f"simlan: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print("simlan: interrupted", file=sys.stderr)
+        return 130
+    return 2

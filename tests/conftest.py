@@ -1,0 +1,143 @@
+"""Shared pytest fixtures. Simulated hosts (simlan) for any test that needs "other machines".
+
+Usage in a test file (mark it ``simlan``; the fixtures skip the test when not root or a tool
+such as sshd is missing, naming what is missing)::
+
+    import pytest
+    pytestmark = pytest.mark.simlan
+
+    def test_prepare(simlan2):                 # a 2-host cluster, up and healthy
+        inv = simlan2.inventory_dir            # inventory/simlan: hosts.yml + group_vars/all/simlan.yml
+        simlan2.exec("node1", ["hostname"])    # run inside a host (timeout=60 s by default)
+        simlan2.ssh_argv("node0", "uptime")    # an OpenSSH command line that logs into a host
+
+    def test_big(simlan_cluster):              # the session factory, for other shapes
+        c = simlan_cluster(3, rate="1gbit", cpus="auto")
+
+- ``simlan_cluster`` (session scope) is a factory ``(nodes=2, *, rate=None, cpus="none",
+  fresh=False) -> simlan.cluster.Cluster``. One cluster exists at a time: it is reused while
+  tests ask for the same shape and it is healthy, and recreated otherwise (about 0.5 s for 2 hosts).
+  ``fresh=True`` always recreates. A test that leaves a host changed (ufw enabled, host killed,
+  files written into the lab folder) calls ``simlan_cluster.discard()`` at its end, so the next
+  test gets clean hosts.
+- At the first use in a session, a leftover cluster from an earlier run is taken down, unless the
+  pytest process that made it is still running (then this session waits for it, up to 5 min).
+  At the end of the session the cluster is taken down.
+- The inventory written is ``inventory/simlan/`` (the same one ``python -m simlan up`` writes), so
+  ``ansible-playbook -i inventory/simlan ...`` works in a test; ``ansible_python_interpreter`` is
+  the repo's ``.venv/bin/python`` (the Python running pytest), visible inside every host.
+- ``simlan_cli(*args, timeout=60, input=None)`` runs ``python -m simlan ...`` and returns the
+  CompletedProcess (text, captured).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # simlan (and trainer) importable without `pip install -e .`
+    sys.path.insert(0, str(REPO))
+
+from simlan import cluster as simlan  # noqa: E402
+from simlan.system import cmdline, missing_requirements  # noqa: E402
+
+LEFTOVER_WAIT_S = 300
+
+
+def simlan_skip_reason() -> str | None:
+    """Why simlan tests cannot run here (not root, a tool missing), or None."""
+    problem = missing_requirements()
+    return f"simlan: {problem}" if problem else None
+
+
+class SimlanFactory:
+    """Brings simulated clusters up on demand; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.cluster: simlan.Cluster | None = None
+        self._checked_leftover = False
+
+    def __call__(self, nodes: int = 2, *, rate: str | None = None, cpus: str = "none",
+                 fresh: bool = False) -> simlan.Cluster:
+        reason = simlan_skip_reason()
+        if reason:
+            pytest.skip(reason)
+        if not self._checked_leftover:
+            self._remove_leftover()
+            self._checked_leftover = True
+        current = simlan.load()
+        same = (current is not None and current.created_by == os.getpid()
+                and (len(current.hosts), current.rate, current.cpus) == (nodes, rate, cpus))
+        if same and not fresh and current.healthy():
+            self.cluster = current
+        else:
+            self.cluster = simlan.up(nodes, rate=rate, cpus=cpus, force=True)
+        return self.cluster
+
+    def discard(self) -> None:
+        """Take the current cluster down (the next request gets fresh hosts)."""
+        if self.cluster is not None:
+            current = simlan.load()
+            if current is not None and current.created_by == os.getpid():
+                simlan.down()
+            self.cluster = None
+
+    def close(self) -> None:
+        self.discard()
+
+    @staticmethod
+    def _remove_leftover() -> None:
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        while True:
+            left = simlan.load()
+            if left is None:
+                return
+            owner = left.created_by
+            in_use = owner != os.getpid() and any("pytest" in a for a in cmdline(owner))
+            if not in_use:
+                simlan.down()
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"a simlan cluster is in use by another pytest run (pid {owner}) for more "
+                            f"than {LEFTOVER_WAIT_S} s; wait for it or run `python -m simlan down`")
+            time.sleep(2)
+
+
+@pytest.fixture(scope="session")
+def simlan_cluster():
+    factory = SimlanFactory()
+    yield factory
+    factory.close()
+
+
+@pytest.fixture
+def simlan2(simlan_cluster) -> simlan.Cluster:
+    """A healthy 2-host cluster (node0 = master at 10.77.0.10, node1 at 10.77.0.11)."""
+    return simlan_cluster(2)
+
+
+@pytest.fixture
+def skip_unless_simlan() -> None:
+    """Skip the test unless simlan can run here (root, tools)."""
+    reason = simlan_skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def simlan_cli():
+    """Run `python -m simlan ARGS...` from the repo with a wall-clock timeout."""
+
+    def run(*args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        return subprocess.run([sys.executable, "-m", "simlan", *args], cwd=REPO, env=env, text=True,
+                              capture_output=True, timeout=timeout, input=input,
+                              stdin=None if input is not None else subprocess.DEVNULL)
+
+    return run

@@ -1,0 +1,177 @@
+"""simlan's lifecycle and failure switches: ufw stays inside a host, link shaping and CPU placement,
+sshd stop/start, kill-host, `down` (twice), a failed `up` leaves nothing, and the one-line errors."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from simlan import cluster as simlan
+from simlan.network import BRIDGE, netns_exists
+from simlan.system import is_alive, missing_tools
+
+pytestmark = pytest.mark.simlan
+
+REPO = Path(__file__).resolve().parents[2]
+PORT = 46000 + os.getpid() % 1000
+
+
+def _connects(cluster, src: str, dst_addr: str, port: int, timeout: float = 2.0) -> bool:
+    code = f"import socket; socket.create_connection(({dst_addr!r}, {port}), timeout={timeout}).close()"
+    return cluster.exec(src, [cluster.python, "-c", code], timeout=timeout + 20).returncode == 0
+
+
+def _listen(cluster, node: str, addr: str, port: int) -> subprocess.Popen:
+    server = textwrap.dedent(f"""
+        import socket
+        s = socket.create_server(({addr!r}, {port}))
+        s.settimeout(30)
+        print("listening", flush=True)
+        while True:
+            s.accept()[0].close()
+    """)
+    proc = cluster.popen(node, [cluster.python, "-c", server], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "listening"
+    return proc
+
+
+def _digest(paths) -> dict:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file()}
+
+
+def test_ufw_in_a_host_does_not_touch_the_real_firewall(simlan2, simlan_cluster):
+    if shutil.which("ufw", path=f"{os.environ.get('PATH', '')}:/usr/sbin") is None:
+        pytest.skip("ufw (Debian package ufw) is not installed")
+    real_files = [*Path("/etc/ufw").rglob("*"), Path("/etc/default/ufw")]
+    before_rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30).stdout
+    before_files = _digest(real_files)
+    listener = _listen(simlan2, "node1", "10.77.0.11", PORT)
+    try:
+        assert _connects(simlan2, "node0", "10.77.0.11", PORT)  # open before ufw
+        simlan2.exec("node1", ["sh", "-c", "ufw default deny incoming && ufw allow 22/tcp && "
+                               "ufw --force enable"], timeout=60, check=True)
+        assert not _connects(simlan2, "node0", "10.77.0.11", PORT)  # dropped by node1's ufw
+        ssh = subprocess.run(simlan2.ssh_argv("node1", "hostname"), capture_output=True, text=True,
+                             timeout=30)
+        assert ssh.stdout.strip() == "node1", ssh.stderr  # ssh stays allowed
+        assert "Status: active" in simlan2.exec("node1", ["ufw", "status"], check=True).stdout
+        after_rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30).stdout
+        assert after_rules == before_rules
+        assert _digest(real_files) == before_files
+    finally:
+        listener.kill()
+        listener.wait(timeout=10)
+        simlan_cluster.discard()
+
+
+def test_link_shaping_and_cpu_placement(simlan_cluster):
+    c = simlan_cluster(2, rate="200mbit", cpus="auto")
+    allowed = sorted(os.sched_getaffinity(0))
+    for i, h in enumerate(c.hosts):
+        qdisc = c.exec(h.name, ["tc", "qdisc", "show", "dev", "eth0"], check=True).stdout
+        assert "qdisc tbf" in qdisc and "rate 200Mbit" in qdisc
+        want = {allowed[i % len(allowed)]}
+        assert os.sched_getaffinity(h.pid1) == want
+        # A process started over SSH inherits the placement from the host's PID 1.
+        ssh = subprocess.run(c.ssh_argv(h.name, "grep Cpus_allowed_list /proc/self/status"),
+                             capture_output=True, text=True, timeout=30)
+        assert ssh.stdout.split()[-1] == str(want.pop()), ssh.stderr
+
+
+def test_sshd_stop_and_start(simlan2, simlan_cli):
+    assert simlan_cli("sshd", "node1", "stop").returncode == 0
+    assert not simlan.ssh_answers("10.77.0.11", timeout=1)
+    status = simlan_cli("status")
+    assert status.returncode == 1 and "stopped" in status.stdout
+    assert simlan2.exec("node1", ["hostname"]).stdout.strip() == "node1"  # the host itself is fine
+    assert simlan_cli("sshd", "node1", "start").returncode == 0
+    ssh = subprocess.run(simlan2.ssh_argv("node1", "hostname"), capture_output=True, text=True, timeout=30)
+    assert ssh.stdout.strip() == "node1", ssh.stderr
+    assert simlan_cli("status").returncode == 0
+
+
+def test_kill_host_ends_every_process_of_that_host(simlan2, simlan_cluster, simlan_cli):
+    try:
+        node1 = simlan2.host("node1")
+        sleeper = simlan2.popen("node1", ["sleep", "600"])
+        proc = simlan_cli("kill-host", "node1")
+        assert proc.returncode == 0, proc.stderr
+        assert not is_alive(node1.pid1, node1.pid1_start)
+        assert sleeper.wait(timeout=10) != 0  # killed with its host
+        assert not _connects(simlan2, "node0", "10.77.0.11", 22)
+        assert simlan2.host("node0").alive
+        status = simlan_cli("status")
+        assert status.returncode == 1 and "dead" in status.stdout
+    finally:
+        simlan_cluster.discard()
+
+
+def test_down_removes_everything_and_is_safe_twice(simlan2, simlan_cli):
+    # simlan2 first: the cluster replaced below is this session's own, never another run's.
+    up = simlan_cli("up", "--nodes", "2", "--force")
+    assert up.returncode == 0, up.stderr
+    c = simlan.load()
+    assert c is not None and all(h.alive for h in c.hosts)
+    down = simlan_cli("down")
+    assert down.returncode == 0, down.stderr
+    assert not any(is_alive(h.pid1, h.pid1_start) or is_alive(h.unshare_pid, h.unshare_start)
+                   for h in c.hosts)
+    assert not any(netns_exists(h.name) for h in c.hosts)
+    assert subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, timeout=10).returncode != 0
+    assert not c.state_dir.exists()
+    assert not (c.inventory_dir / "hosts.yml").exists() and not (c.inventory_dir / ".ssh/id_ed25519").exists()
+    again = simlan_cli("down")
+    assert again.returncode == 0 and "nothing to remove" in again.stdout
+
+
+def test_up_with_a_cluster_up_says_so(simlan2, simlan_cli):
+    same = simlan_cli("up", "--nodes", "2")
+    assert same.returncode == 0 and "already up" in same.stdout
+    other = simlan_cli("up", "--nodes", "3")
+    assert other.returncode == 2
+    assert other.stderr.count("\n") == 1 and "--force" in other.stderr
+    assert simlan2.healthy()  # untouched
+
+
+def test_failed_up_leaves_nothing_behind(simlan2, simlan_cli):
+    proc = simlan_cli("up", "--nodes", "2", "--rate", "very-fast", "--force")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("simlan: error: node0: tc refused rate 'very-fast'")
+    assert proc.stderr.count("\n") == 1
+    assert simlan.load() is None
+    assert not netns_exists("node0") and not netns_exists("node1")
+    assert subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, timeout=10).returncode != 0
+
+
+def test_not_root_is_one_line(simlan_cli):
+    if os.geteuid() != 0:  # the plain CLI already runs unprivileged
+        proc = simlan_cli("status")
+    else:
+        system_python = "/usr/bin/python3"
+        if not (shutil.which("setpriv") and os.path.exists(system_python)
+                and os.access(REPO, os.R_OK | os.X_OK) and _world_readable(REPO)):
+            pytest.skip("needs setpriv, /usr/bin/python3 and a repo readable by nobody")
+        proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                               system_python, "-m", "simlan", "up", "--nodes", "2"],
+                              cwd=REPO, capture_output=True, text=True, timeout=30,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("simlan: error: needs root") and proc.stderr.count("\n") == 1
+    assert proc.stdout == ""
+
+
+def _world_readable(path: Path) -> bool:
+    return all(p.stat().st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+
+
+def test_missing_tool_names_the_debian_package():
+    msg = missing_tools({"sh": "dash", "simlan-no-such-tool": "simlan-test-package"})
+    assert msg == ("missing `simlan-no-such-tool`; install the Debian package(s): "
+                   "apt-get install -y simlan-test-package")
+    assert missing_tools({"sh": "dash"}) is None
