@@ -1,0 +1,139 @@
+"""``python -m nodeprobe <cmd>``: run one probe on this node and print one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _port(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m nodeprobe", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="CMD")
+
+    f = sub.add_parser("fingerprint", help="python/torch/cpu/memory/code/dtype/data facts of this node")
+    f.add_argument("--data", help="shard folder (with manifest.json) to hash")
+    f.add_argument("--threads", type=_positive(int), help="threads the run is configured to use")
+    f.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto", help="compute dtype asked")
+    f.add_argument("--code", action="append", help="code folder to hash (repeatable: trainer, nodeprobe)")
+    f.add_argument("--allow-bf16", action="store_true", help="as the trainer's flag: auto may pick bf16")
+    f.add_argument("--force-dtype", action="store_true", help="as the trainer's flag (bf16 still reported)")
+    f.add_argument("--depth", type=_positive(int), default=2, help="model depth (blocks)")
+    f.add_argument("--n-embd", type=int, default=0, help="model width; 0 = 64*depth (as the trainer)")
+    f.add_argument("--n-head", type=int, default=0, help="attention heads; 0 = n_embd/64")
+    f.add_argument("--seq-len", type=_positive(int), default=128, help="tokens per sequence")
+    f.add_argument("--batch-size", type=_positive(int), default=8, help="sequences per micro-batch")
+    f.add_argument("--vocab", type=_positive(int), default=257, help="vocabulary size (byte-level: 257)")
+    f.add_argument("--world", type=_positive(int), default=2, help="ranks in the run (DDP buckets if > 1)")
+
+    li = sub.add_parser("listen", help="listen on a TCP port and answer connections for S seconds")
+    li.add_argument("--port", type=_port, default=0, help="0 = ephemeral")
+    li.add_argument("--seconds", type=_positive(float), default=20.0)
+    li.add_argument("--bind", default="0.0.0.0")
+    li.add_argument("--background", action="store_true",
+                    help="print the port and return at once; a detached child keeps listening")
+
+    c = sub.add_parser("connect", help="try TCP connects; report ok / refused / timeout / unreachable")
+    c.add_argument("--host")
+    c.add_argument("--port", type=_port)
+    c.add_argument("--target", action="append", default=[], metavar="NAME=HOST:PORT",
+                   help="several targets tried concurrently (repeatable)")
+    c.add_argument("--timeout", type=_positive(float), default=3.0)
+    c.add_argument("--quit", action="store_true", help="ask a nodeprobe listener to stop")
+
+    ph = sub.add_parser("port-holder", help="which process listens on a TCP port")
+    ph.add_argument("--port", type=_port, required=True)
+
+    lp = sub.add_parser("lab-processes", help="leftover torchrun/trainer processes of this lab")
+    lp.add_argument("--root", required=True, help="the lab folder (ddplab_root)")
+
+    sub.add_parser("resolve", help="what this node's hostname resolves to")
+
+    i = sub.add_parser("iface", help="interface and source address toward the master")
+    i.add_argument("--master", required=True, help="master address")
+
+    g = sub.add_parser("gloo-smoke", help="real gloo collectives across the nodes, bounded by a watchdog")
+    g.add_argument("--rank", type=int, required=True)
+    g.add_argument("--world", type=_positive(int), required=True)
+    g.add_argument("--master-addr", required=True)
+    g.add_argument("--master-port", type=_port, required=True)
+    g.add_argument("--timeout", type=_positive(float), default=5.0, help="process-group timeout, seconds")
+    g.add_argument("--ifname", help="GLOO_SOCKET_IFNAME for this rank")
+    g.add_argument("--mb", type=_positive(float), default=16.0, help="all-reduce size for the bandwidth")
+    g.add_argument("--reps", type=_positive(int), default=3)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd == "gloo-smoke":
+        if not 0 <= args.rank < args.world:
+            parser.error(f"--rank {args.rank} is outside 0..{args.world - 1}")
+        from nodeprobe import smoke
+
+        smoke.run(args)  # prints its own JSON (the watchdog may print it instead)
+        return 0
+    if args.cmd == "connect" and not args.target and (args.host is None or args.port is None):
+        parser.error("connect needs --host and --port, or --target NAME=HOST:PORT")
+    try:
+        result = dispatch(args)
+    except ValueError as e:
+        parser.error(str(e))
+    except Exception as e:  # noqa: BLE001 - the probe itself broke: one JSON line, no traceback
+        result = {"probe": args.cmd, "ok": False, "error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(result), flush=True)
+        return 1
+    if result is not None:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+def dispatch(args):
+    if args.cmd == "fingerprint":
+        from nodeprobe import fingerprint
+
+        return fingerprint.run(args)
+    from nodeprobe import net, procs
+
+    if args.cmd == "listen":
+        return net.listen(args.port, args.seconds, args.background, args.bind)
+    if args.cmd == "connect":
+        if args.target:
+            return net.connect_many(args.target, args.timeout)
+        return net.connect(args.host, args.port, args.timeout, send_quit=args.quit)
+    if args.cmd == "port-holder":
+        return procs.port_holder(args.port)
+    if args.cmd == "lab-processes":
+        return procs.lab_processes(args.root)
+    if args.cmd == "resolve":
+        return net.resolve()
+    if args.cmd == "iface":
+        return net.iface(args.master)
+    raise ValueError(f"unknown command {args.cmd}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

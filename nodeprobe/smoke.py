@@ -1,0 +1,190 @@
+"""``gloo-smoke``: a real gloo process group across the nodes, with known values and a bandwidth figure.
+
+Every rank runs this with the same master address/port. Phases: store (TCPStore rendezvous on the
+master port), init (gloo full-mesh connect), all_reduce SUM and AVG, broadcast from 0, all_gather,
+each compared exactly with the value computed in one process; then an fp32 all-reduce of ``--mb`` MB
+timed a few times: bus bandwidth = 2(N-1)/N * bytes / t.
+
+A watchdog bounds the whole command: gloo's TCP connect ignores the process-group timeout (a dropped
+SYN hangs ~140 s) and a stale listener on the master port makes a worker's store handshake hang for
+minutes. After ``--timeout * 3`` seconds the watchdog prints the JSON verdict with the phase that hung
+and ends the process with ``os._exit`` (the clock starts once torch is imported, which only takes
+long on a busy node and gets its own allowance).
+
+GLOO_DISABLE_CONNECTION_RETRIES is deliberately not set: in gloo's tcp transport it replaces the
+connect loop (which retries refused connects until the timeout) with one plain connect, so a peer
+that is a moment late to listen fails the test, while a dropped SYN still waits for the kernel's SYN
+retries. It shortens nothing that matters here; the watchdog does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from datetime import timedelta
+
+HINTS = {
+    "store": "rank could not complete the TCPStore rendezvous on the master port: master not listening, "
+             "port blocked by a firewall, or another process (stale listener) holds the master port",
+    "init": "gloo could not connect every pair of ranks: a firewall blocks ephemeral ports in one "
+            "direction, or a rank picked the wrong interface/address family (set GLOO_SOCKET_IFNAME)",
+}
+
+
+IMPORT_ALLOWANCE_S = 60
+
+
+class Smoke:
+    def __init__(self, args):
+        self.args = args
+        self.start = time.monotonic()
+        self.phase = "start"
+        self.lock = threading.Lock()
+        self.finished = False
+        self.armed: float | None = None
+        self.out = {
+            "probe": "gloo-smoke",
+            "host": socket.gethostname(),
+            "rank": args.rank,
+            "world": args.world,
+            "master": f"{args.master_addr}:{args.master_port}",
+            "timeout_s": args.timeout,
+            "watchdog_s": args.timeout * 3,
+            "ifname": args.ifname,
+            "checks": {},
+        }
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.start, 3)
+
+    def emit(self, **extra) -> bool:
+        """Print the one JSON object, once (main thread or watchdog, whichever comes first)."""
+        import json
+
+        with self.lock:
+            if self.finished:
+                return False
+            self.finished = True
+            self.out.update(extra)
+            self.out["elapsed_s"] = self.elapsed()
+            sys.stdout.write(json.dumps(self.out) + "\n")
+            sys.stdout.flush()
+            return True
+
+    def watchdog(self) -> None:
+        # Importing torch cannot hang but is slow on a busy node: it gets its own allowance, and the
+        # --timeout * 3 bound starts once torch is imported (self.armed).
+        bound = self.args.timeout * 3
+        while True:
+            if self.finished:
+                return
+            now = time.monotonic()
+            if self.armed is not None and now >= self.armed + bound:
+                break
+            if self.armed is None and now >= self.start + IMPORT_ALLOWANCE_S + bound:
+                break
+            time.sleep(0.1)
+        if self.emit(ok=False, phase=self.phase, hung=True,
+                     error=f"watchdog: no progress in phase '{self.phase}' after {self.args.timeout * 3} s",
+                     hint=HINTS.get(self.phase)):
+            os._exit(0)
+
+    def run(self) -> None:
+        threading.Thread(target=self.watchdog, daemon=True).start()
+        try:
+            self._run()
+        except Exception as e:  # noqa: BLE001 - any failure is the finding
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            self.emit(ok=False, phase=self.phase, hung=False, error=f"{type(e).__name__}: {first}"[:400],
+                      hint=HINTS.get(self.phase))
+            os._exit(0)  # gloo threads may still block; do not wait for them
+        self.emit(ok=all(c["ok"] for c in self.out["checks"].values()), phase="done", hung=False)
+
+    def check(self, name, got, expected) -> None:
+        import torch
+
+        ok = all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+        self.out["checks"][name] = {"ok": ok}
+        if not ok:
+            self.out["checks"][name].update(got=[g.tolist() for g in got],
+                                            expected=[e.tolist() for e in expected])
+
+    def _run(self) -> None:
+        a = self.args
+        if a.ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
+        # c10d logs every failed try with a C++ stack to stderr; the JSON carries the error instead.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+        self.phase = "import"
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        self.out["import_s"] = self.elapsed()
+        self.armed = time.monotonic()
+        self.out["torch_version"] = torch.__version__
+        timeout = timedelta(seconds=a.timeout)
+        self.phase = "store"
+        t0 = time.perf_counter()
+        store = dist.TCPStore(a.master_addr, a.master_port, a.world, is_master=(a.rank == 0),
+                              timeout=timeout, wait_for_workers=False)
+        self.phase = "init"
+        dist.init_process_group("gloo", store=store, rank=a.rank, world_size=a.world, timeout=timeout)
+        self.out["init_s"] = round(time.perf_counter() - t0, 3)
+        r, w = a.rank, a.world
+
+        self.phase = "all_reduce_sum"
+        t = torch.full((4,), float(r + 1))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        self.check("all_reduce_sum", [t], [torch.full((4,), float(w * (w + 1) // 2))])
+
+        self.phase = "all_reduce_avg"
+        t = torch.tensor([float(r + 1), 2.0 * (r + 1), 4.0 * (r + 1)])
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        mean = sum(range(1, w + 1)) / w
+        self.check("all_reduce_avg", [t], [torch.tensor([mean, 2 * mean, 4 * mean])])
+
+        self.phase = "broadcast"
+        src = torch.arange(8, dtype=torch.float32) * 3 + 1
+        t = src.clone() if r == 0 else torch.zeros(8)
+        dist.broadcast(t, src=0)
+        self.check("broadcast", [t], [src])
+
+        self.phase = "all_gather"
+        mine = torch.arange(4, dtype=torch.float32) + 100 * r
+        gathered = [torch.empty(4) for _ in range(w)]
+        dist.all_gather(gathered, mine)
+        self.check("all_gather", gathered, [torch.arange(4, dtype=torch.float32) + 100 * i for i in range(w)])
+
+        self.phase = "bandwidth"
+        numel = max(1, int(a.mb * (1 << 20)) // 4)
+        buf = torch.ones(numel, dtype=torch.float32)
+        dist.all_reduce(buf)  # warm-up: first use of the pairs' buffers
+        times = []
+        for _ in range(a.reps):
+            dist.barrier()
+            t1 = time.perf_counter()
+            dist.all_reduce(buf)
+            times.append(time.perf_counter() - t1)
+        nbytes = numel * 4
+        med = statistics.median(times)
+        bus = 2 * (w - 1) / w * nbytes / med if w > 1 else None
+        self.out["bandwidth"] = {
+            "bytes": nbytes,
+            "reps": a.reps,
+            "seconds": [round(x, 6) for x in times],
+            "median_s": round(med, 6),
+            "algbw_gbit_s": round(nbytes * 8 / med / 1e9, 3),
+            "busbw_gbit_s": round(bus * 8 / 1e9, 3) if bus else None,
+        }
+        self.phase = "teardown"
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run(args) -> None:
+    Smoke(args).run()

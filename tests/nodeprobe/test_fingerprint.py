@@ -1,0 +1,96 @@
+"""fingerprint on a real shard folder (trainer.data prepare) with a changed, an extra, a missing shard."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from probe_helpers import REPO, probe
+
+from nodeprobe import hashing
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fp") / "shards"
+    subprocess.run([sys.executable, "-m", "trainer.data", "prepare", "--out", str(out), "--docs", "512",
+                    "--rows-per-group", "16", "--groups-per-shard", "4"],
+                   check=True, cwd=REPO, timeout=120, capture_output=True)
+    return out
+
+
+def test_shard_set_matches_its_manifest(shards):
+    s = hashing.shard_set(shards)
+    manifest, err = hashing.load_manifest(shards / "manifest.json")
+    assert err is None and s["count"] == len(manifest["files"]) >= 4
+    assert s["digest"] == manifest["digest"] == s["manifest_digest"]
+    assert s["vs_manifest"] == {"missing": [], "extra": [], "changed": []}
+
+
+def test_fingerprint_names_changed_extra_missing_shards(shards, tmp_path):
+    node = tmp_path / "node_shards"
+    shutil.copytree(shards, node)
+    names = sorted(p.name for p in node.glob("*.parquet"))
+    changed, missing = names[1], names[2]
+    data = bytearray((node / changed).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different content
+    (node / changed).write_bytes(bytes(data))
+    (node / missing).unlink()
+    shutil.copy(node / names[0], node / "shard_99999.parquet")
+    code = tmp_path / "code"
+    shutil.copytree(REPO / "nodeprobe", code, ignore=shutil.ignore_patterns("__pycache__"))
+
+    fp = probe("fingerprint", "--data", str(node), "--threads", "64", "--dtype", "bf16", "--code", str(code),
+               "--depth", "2")
+    assert fp["data"]["vs_manifest"] == {"missing": [missing], "extra": ["shard_99999.parquet"],
+                                         "changed": [changed]}
+    assert (node / changed).stat().st_size == (shards / changed).stat().st_size
+    assert fp["data"]["files"][names[0]] == hashing.sha256_file(shards / names[0])
+
+    import torch
+
+    assert fp["torch"]["version"] == torch.__version__
+    assert fp["torch"]["git_version"] == torch.version.git_version
+    assert fp["torch"]["gloo_available"] is torch.distributed.is_gloo_available()
+    assert fp["python"]["major_minor"] == "{}.{}".format(*sys.version_info[:2])
+
+    has_bf16 = bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+    assert fp["cpu"]["bf16_units"] is has_bf16
+    assert fp["dtype"]["resolved"] == "bf16"
+    assert (fp["dtype"]["problem"] is None) is has_bf16  # bf16 without the units is a problem
+
+    cpu = fp["cpu"]
+    assert 1 <= cpu["physical_cores"] <= cpu["logical"] and cpu["threads"] == 64
+
+    mem = fp["memory"]
+    assert mem["estimate_method"] == "trainer.model.estimate_train_memory"
+    assert 0 < mem["estimate_bytes"] < mem["total_bytes"] and mem["available_bytes"] > 0
+
+    # the code hash: the copy hashes like the original; one changed byte changes it
+    assert fp["code"]["code"]["sha256"] == hashing.tree_hash(REPO / "nodeprobe")["sha256"]
+    (code / "verdict.py").write_text((code / "verdict.py").read_text() + "\n")
+    assert hashing.tree_hash(code)["sha256"] != fp["code"]["code"]["sha256"]
+
+
+def test_stdlib_parts_missing_folder_dtype_rules_and_estimate(tmp_path):
+    from nodeprobe.fingerprint import dtype_info, estimate_own
+
+    # the stdlib parts, without torch: same answers as the probe would give
+    assert hashing.shard_set(tmp_path / "nope")["error"].endswith("does not exist")
+    assert dtype_info("auto", False)["resolved"] == "fp32"
+    assert dtype_info("auto", True, allow_bf16=True)["resolved"] == "bf16"
+    assert dtype_info("bf16", False)["problem"]
+    need, parts = estimate_own({"depth": 2, "n_embd": 128, "n_head": 2, "seq_len": 128, "batch_size": 8,
+                                "vocab": 257, "world_size": 2})
+    assert parts["params"] == 2 * 257 * 128 + 2 * 12 * 128 * 128  # the trainer's exact count
+    assert need == parts["state_bytes"] + parts["activation_bytes"]

@@ -1,0 +1,83 @@
+"""port-holder and lab-processes against real processes started here."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+from probe_helpers import probe
+
+
+def _wait_for(pattern: str, stream, timeout: float = 15) -> re.Match:
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        text += line
+        m = re.search(pattern, text)
+        if m:
+            return m
+    raise AssertionError(f"{pattern!r} not seen in {text!r}")
+
+
+def test_port_holder_names_a_real_http_server():
+    srv = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "0"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port = int(_wait_for(r"port (\d+)", srv.stdout).group(1))
+        r = probe("port-holder", "--port", str(port))
+        assert r["free"] is False
+        assert [h["pid"] for h in r["holders"]] == [srv.pid]
+        h = r["holders"][0]
+        assert "-m http.server" in h["cmdline"] and h["address"] == "127.0.0.1" and h["ppid"] == os.getpid()
+        assert r["nodeprobe_listener"] is False
+    finally:
+        srv.kill()
+        srv.wait(timeout=5)
+    assert probe("port-holder", "--port", str(port))["free"] is True
+
+
+def test_port_holder_sees_ipv6_listeners():
+    s = socket.socket(socket.AF_INET6)
+    s.bind(("::1", 0))
+    s.listen(1)
+    try:
+        r = probe("port-holder", "--port", str(s.getsockname()[1]))
+        assert r["holders"][0]["pid"] == os.getpid()  # this pytest process holds it
+        assert (r["holders"][0]["family"], r["holders"][0]["address"]) == ("ipv6", "::1")
+    finally:
+        s.close()
+
+
+def test_lab_processes_finds_orphans_of_this_lab_only(tmp_path):
+    lab = tmp_path / "ddplab"
+    lab.mkdir()
+    (lab / "rank.py").write_text("import time\ntime.sleep(60)\n")
+    # An orphan as the field notes had: started in the background by a shell that then exits.
+    out = subprocess.run(["sh", "-c", f"{sys.executable} {lab}/rank.py >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, timeout=10)
+    orphan = int(out.stdout.strip())
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not os.path.exists(f"/proc/{orphan}/cmdline"):
+            time.sleep(0.05)
+        r = probe("lab-processes", "--root", str(lab))
+        found = {p["pid"]: p for p in r["processes"]}
+        assert orphan in found and unrelated.pid not in found
+        with open(f"/proc/{orphan}/stat") as f:
+            real_ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        assert found[orphan]["ppid"] == real_ppid
+        assert found[orphan]["orphan"] == (real_ppid == 1) and found[orphan]["role"] == "rank"
+        assert all("nodeprobe" not in p["cmdline"] for p in r["processes"])  # not itself
+        assert r["root"] == str(lab.resolve())
+    finally:
+        os.kill(orphan, 9)
+        unrelated.kill()
+        unrelated.wait(timeout=5)
+    time.sleep(0.2)
+    assert orphan not in {p["pid"] for p in probe("lab-processes", "--root", str(lab))["processes"]}

@@ -1,0 +1,287 @@
+"""The verdict on probe results of simulated clusters: each fault names its host, check and fix.
+
+The fingerprint is a real one of this machine (on real shards); the network probes are written as a
+10.77.0.0/24 cluster would report them (the shapes are those of the real probes, see
+test_gloo_smoke.py::test_local_two_rank_preflight_passes_end_to_end).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+from probe_helpers import REPO, probe
+
+from nodeprobe import hashing
+from nodeprobe import verdict as V
+
+PORT = 29500
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    base = tmp_path_factory.mktemp("verdict")
+    shards = base / "shards"
+    subprocess.run([sys.executable, "-m", "trainer.data", "prepare", "--out", str(shards), "--docs", "256",
+                    "--rows-per-group", "16", "--groups-per-shard", "4"], check=True, cwd=REPO, timeout=120,
+                   capture_output=True)
+    fp = probe("fingerprint", "--data", str(shards), "--threads", "1", "--code", str(REPO / "nodeprobe"))
+    return {"fp": fp, "manifest": json.loads((shards / "manifest.json").read_text())}
+
+
+def addr(i: int) -> str:
+    return f"10.77.0.{10 + i}"
+
+
+def conn(src: str, dst_addr: str, port: int, result: str = "connected") -> dict:
+    ok = result == "connected"
+    r = {"probe": "connect", "from": src, "host": dst_addr, "port": port, "timeout_s": 3.0, "ok": ok,
+         "result": result, "address": dst_addr, "elapsed_s": 0.001 if ok else 3.0}
+    if ok:
+        r.update(banner=f"nodeprobe node {port}", nodeprobe_listener=True)
+    else:
+        r.update(errno={"timeout": "ETIMEDOUT", "refused": "ECONNREFUSED"}.get(result, "EHOSTUNREACH"))
+    return r
+
+
+def cluster(real, n: int = 2) -> dict:
+    """{relative path: JSON} of a healthy n-host cluster."""
+    names = [f"node{i}" for i in range(n)]
+    files = {"inventory.json": {"master_port": PORT, "torch_version": "2.13.0", "threads": 1, "hosts": {
+        h: {"rank": i, "addr": addr(i), "master": i == 0, "ifname": "eth0"} for i, h in enumerate(names)}},
+        "manifest.json": real["manifest"]}
+    for i, h in enumerate(names):
+        fp = copy.deepcopy(real["fp"])
+        fp["host"] = h
+        fp["cpu"]["physical_cores"], fp["cpu"]["logical"] = 2, 2
+        files[f"{h}/fingerprint.json"] = fp
+        files[f"{h}/resolve.json"] = {
+            "probe": "resolve", "hostname": h, "resolves": True, "addresses": [{"family": "ipv4",
+                                                                                 "address": addr(i)}],
+            "first": {"family": "ipv4", "address": addr(i)}, "any_loopback": False, "first_ipv6": False,
+            "first_is_local": True}
+        files[f"{h}/iface.json"] = {
+            "probe": "iface", "ok": True, "master": addr(0), "family": "ipv4", "dev": "eth0", "src": addr(i),
+            "dev_loopback": False, "same_subnet": True, "is_master": i == 0,
+            "route": {"dev": "lo" if i == 0 else "eth0", "src": addr(i), "gateway": None},
+            "interfaces": [{"name": "lo", "loopback": True, "families": ["ipv4", "ipv6"]},
+                           {"name": "eth0", "loopback": False, "families": ["ipv4"]}]}
+        files[f"{h}/lab_processes.json"] = {"probe": "lab-processes", "processes": [], "ranks": []}
+        files[f"{h}/gloo_smoke.json"] = {
+            "probe": "gloo-smoke", "ok": True, "rank": i, "world": n, "phase": "done",
+            "checks": {c: {"ok": True} for c in ("all_reduce_sum", "all_reduce_avg", "broadcast",
+                                                 "all_gather")},
+            "bandwidth": {"bytes": 16 << 20, "median_s": 0.02, "busbw_gbit_s": 6.7}}
+        if i:
+            files[f"{h}/tcp_master.json"] = conn(h, addr(0), PORT)
+        files[f"{h}/tcp_peers.json"] = {"probe": "connect", "targets": {
+            p: conn(h, addr(j), 40000 + j) for j, p in enumerate(names) if p != h}}
+    files["node0/port_holder.json"] = {"probe": "port-holder", "port": PORT, "free": True, "holders": []}
+    return files
+
+
+def run_verdict(tmp_path, files: dict, *extra: str) -> tuple[int, dict, str]:
+    inp = tmp_path / "in"
+    for rel, data in files.items():
+        (inp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (inp / rel).write_text(json.dumps(data))
+    out = tmp_path / "runs" / "preflight" / "latest.json"
+    rc = V.main(["--in", str(inp), "--out", str(out), *extra])
+    return rc, json.loads(out.read_text()), ""
+
+
+def failing(result: dict) -> set[tuple[str, str]]:
+    return {(f["host"], f["check"]) for f in result["failures"]}
+
+
+def fix_of(result: dict, host: str, check: str) -> str:
+    return result["hosts"][host][check]["fix"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_healthy_cluster_passes(real, tmp_path, capsys, n):
+    rc, res, _ = run_verdict(tmp_path, cluster(real, n), "--code", str(REPO / "nodeprobe"))
+    assert rc == 0 and res["ok"] and not res["failures"], res["failures"]
+    assert set(res["hosts"]) == {f"node{i}" for i in range(n)} and res["checks"] == list(V.CHECKS)
+    assert res["hosts"]["node1"]["master_port"]["status"] == "n/a"
+    assert res["bandwidth"]["busbw_gbit_s"] == 6.7
+    out = capsys.readouterr().out
+    assert "preflight: ok" in out and "tcp_peers" in out
+
+
+def _timeout_edges(files, src, dst, kinds=("tcp_master", "tcp_peers"), result="timeout"):
+    i = int(dst[-1])
+    if "tcp_master" in kinds and dst == "node0":
+        files[f"{src}/tcp_master.json"] = conn(src, addr(0), PORT, result)
+    if "tcp_peers" in kinds:
+        files[f"{src}/tcp_peers.json"]["targets"][dst] = conn(src, addr(i), 40000 + i, result)
+
+
+def test_master_inbound_blocked_except_ssh(real, tmp_path):
+    f = cluster(real)
+    _timeout_edges(f, "node1", "node0")
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 1 and failing(res) == {("node0", "tcp_master"), ("node0", "tcp_peers")}
+    assert fix_of(res, "node0", "tcp_master") == "sudo ufw allow from 10.77.0.11  # on node0"
+    assert "node1 -> node0 10.77.0.10:29500 timed out" in res["hosts"]["node0"]["tcp_master"]["detail"]
+
+
+def test_worker_inbound_blocked_names_the_worker(real, tmp_path):
+    f = cluster(real)
+    _timeout_edges(f, "node0", "node1")
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 1 and failing(res) == {("node1", "tcp_peers")}
+    assert fix_of(res, "node1", "tcp_peers") == "sudo ufw allow from 10.77.0.10  # on node1"
+
+
+def test_only_master_port_open_on_master(real, tmp_path):
+    f = cluster(real)
+    _timeout_edges(f, "node1", "node0", kinds=("tcp_peers",))
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert failing(res) == {("node0", "tcp_peers")}
+    detail = res["hosts"]["node0"]["tcp_peers"]["detail"]
+    assert "master port 29500 is reachable, so only some ports are open" in detail
+
+
+def test_refused_and_outbound_blocked_in_a_three_host_cluster(real, tmp_path):
+    f = cluster(real, 3)
+    for dst in ("node0", "node1"):  # node2 reaches nobody, while node1 reaches everyone: node2's outbound
+        _timeout_edges(f, "node2", dst)
+    f["node0/tcp_peers.json"]["targets"]["node1"] = conn("node0", addr(1), 40001, "refused")
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert failing(res) == {("node2", "tcp_master"), ("node2", "tcp_peers"), ("node1", "tcp_peers")}
+    assert "outbound" in fix_of(res, "node2", "tcp_peers")
+    assert "refused" in res["hosts"]["node1"]["tcp_peers"]["detail"]
+
+
+@pytest.mark.parametrize("resolved, words", [
+    ([("ipv4", "127.0.1.1")], "resolves to loopback"),
+    ([("ipv6", "fd00:77::11"), ("ipv4", "10.77.0.11")], "ss_family 10 vs 2"),
+])
+def test_hostname_faults(real, tmp_path, resolved, words):
+    f = cluster(real)
+    addrs = [{"family": fam, "address": a} for fam, a in resolved]
+    f["node1/resolve.json"].update(addresses=addrs, first=addrs[0], first_ipv6=addrs[0]["family"] == "ipv6",
+                                   any_loopback=addrs[0]["address"].startswith("127."))
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 1 and failing(res) == {("node1", "hostname")}
+    assert words in res["hosts"]["node1"]["hostname"]["detail"]
+    assert fix_of(res, "node1", "hostname").startswith("fix /etc/hosts on node1 so node1 maps to 10.77.0.11")
+
+
+def test_process_on_master_port_is_named_with_the_kill(real, tmp_path):
+    f = cluster(real)
+    f["node0/port_holder.json"] = {"probe": "port-holder", "port": PORT, "free": False, "holders": [
+        {"pid": 4242, "ppid": 1, "cmdline": "python3 -m http.server 29500", "family": "ipv4",
+         "address": "0.0.0.0"}]}
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert failing(res) == {("node0", "master_port")}
+    assert fix_of(res, "node0", "master_port") == "kill 4242  # python3 -m http.server 29500 holds 29500"
+
+
+@pytest.mark.parametrize("fault", ["changed", "extra", "missing"])
+def test_shard_faults_name_the_file(real, tmp_path, fault):
+    f = cluster(real)
+    files = f["node1/fingerprint.json"]["data"]["files"]
+    name = sorted(files)[1]
+    if fault == "changed":
+        files[name] = "0" * 64
+    elif fault == "extra":
+        name = "shard_99999.parquet"
+        files[name] = "1" * 64
+    else:
+        del files[name]
+    f["node1/fingerprint.json"]["data"]["digest"] = hashing.set_digest(files)
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 1 and failing(res) == {("node1", "data")}
+    assert f"{fault}: {name}" in res["hosts"]["node1"]["data"]["detail"]
+    verb = "remove" if fault == "extra" else "resync"
+    assert fix_of(res, "node1", "data") == f"re-run playbooks/prepare.yml (dataset) to {verb} {name}"
+
+
+def test_threads_dtype_torch_code_stale_faults_on_one_host(real, tmp_path):
+    f = cluster(real)
+    fp = f["node1/fingerprint.json"]
+    fp["cpu"]["threads"] = 8
+    fp["dtype"].update(asked="bf16", resolved="bf16", problem="bf16 asked on a CPU without bf16 units")
+    fp["torch"]["version"] = "2.12.0+cpu"
+    fp["code"]["nodeprobe"]["sha256"] = "f" * 64
+    f["node1/lab_processes.json"]["processes"] = [
+        {"pid": 777, "ppid": 1, "orphan": True, "role": "rank", "cmdline": "python -m torch.distributed.run"}]
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert failing(res) == {("node1", c) for c in ("threads", "dtype", "torch", "code", "stale_processes")}
+    assert fix_of(res, "node1", "threads") == "set ddplab_threads <= 2 (physical cores)"
+    assert fix_of(res, "node1", "dtype") == "use --dtype fp32"
+    assert fix_of(res, "node1", "torch").startswith("pip install torch==2.13.0")
+    assert "prepare.yml to sync nodeprobe/ to node1" in fix_of(res, "node1", "code")
+    assert fix_of(res, "node1", "stale_processes").startswith("kill 777")
+    assert "(orphan)" in res["hosts"]["node1"]["stale_processes"]["detail"]
+
+
+def test_iface_faults(real, tmp_path):
+    f = cluster(real, 3)
+    f["node1/iface.json"].update(dev="wlan0", src="192.168.5.3", same_subnet=False)
+    f["node2/iface.json"]["dev"] = "eth1"  # route says eth1, inventory pins eth0
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert failing(res) == {("node1", "iface"), ("node2", "iface")}
+    assert "not on the master's subnet" in res["hosts"]["node1"]["iface"]["detail"]
+    assert fix_of(res, "node2", "iface") == "export GLOO_SOCKET_IFNAME=eth1"
+
+
+def test_sshd_down_host_is_named_and_the_rest_is_skipped(real, tmp_path):
+    f = {k: v for k, v in cluster(real).items() if not k.startswith("node1/")}
+    f["node1/ssh.json"] = {"ok": False,
+                           "error": "ssh: connect to host 10.77.0.11 port 22: Connection refused"}
+    del f["node0/tcp_peers.json"]
+    f["node0/gloo_smoke.json"] = {"probe": "gloo-smoke", "ok": False, "rank": 0, "world": 2, "phase": "init",
+                                  "hung": True, "error": "watchdog: no progress in phase 'init' after 15 s",
+                                  "checks": {}}
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 1 and failing(res) == {("node1", "ssh"), ("node0", "gloo_smoke")}
+    assert "Connection refused" in res["hosts"]["node1"]["ssh"]["detail"]
+    assert res["hosts"]["node1"]["data"]["status"] == "skip"
+    assert "hung" in res["hosts"]["node0"]["gloo_smoke"]["detail"]
+
+
+def test_smoke_failure_points_at_the_network_failure(real, tmp_path):
+    f = cluster(real)
+    _timeout_edges(f, "node0", "node1")
+    for i in range(2):
+        f[f"node{i}/gloo_smoke.json"] = {"probe": "gloo-smoke", "ok": False, "rank": i, "world": 2,
+                                         "phase": "init", "hung": True, "error": "watchdog", "checks": {}}
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert failing(res) == {("node1", "tcp_peers"), ("node0", "gloo_smoke"), ("node1", "gloo_smoke")}
+    assert fix_of(res, "node0", "gloo_smoke") == "fix the tcp_peers failures first, then re-run preflight"
+
+
+def test_inventory_faults(real, tmp_path):
+    f = cluster(real, 3)
+    inv = f["inventory.json"]["hosts"]
+    inv["node1"]["master"] = True
+    inv["node2"].update(rank=1, addr="127.0.0.1")
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert {("node0", "inventory"), ("node1", "inventory"), ("node2", "inventory")} <= failing(res)
+    assert "2 masters" in res["hosts"]["node0"]["inventory"]["detail"]
+    assert "rank 1 is used by node1, node2" in res["hosts"]["node2"]["inventory"]["detail"]
+    assert "loopback" in res["hosts"]["node2"]["inventory"]["detail"]
+
+
+def test_missing_probe_means_incomplete_not_ok(real, tmp_path, capsys):
+    f = cluster(real)
+    del f["node1/gloo_smoke.json"]
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 1 and not res["failures"] and res["not_run"] == ["node1:gloo_smoke"]
+    assert "INCOMPLETE" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "in").mkdir()
+    out = tmp_path / "latest.json"
+    r = subprocess.run([sys.executable, "-m", "nodeprobe.verdict", "--in", str(tmp_path / "in"), "--out",
+                        str(out)], capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert r.returncode == 2 and not out.exists()
+    assert r.stderr.startswith("ddplab: error: ") and "inventory.json is missing" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
