@@ -33,7 +33,7 @@ data: setup  ## Generate the default deterministic corpus as parquet shards
 	$(BIN)/python -m trainer.data prepare --out $(DATA)
 
 train: data  ## Single machine, 2 ranks, no Ansible
-	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --data $(DATA) --out runs/train --steps $(STEPS) --depth $(DEPTH)
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --data $(DATA) --out runs/train-$$(date +%Y%m%d-%H%M%S) --steps $(STEPS) --depth $(DEPTH)
 
 clean:  ## Remove generated data and runs (keeps .venv)
 	rm -rf data runs

@@ -1,0 +1,42 @@
+"""The GPT: exact parameter count, causality, initial loss, memory estimate."""
+
+import math
+
+import pytest
+import torch
+
+from trainer.model import GPT, GPTConfig, estimate_train_memory, param_count
+
+
+@pytest.mark.parametrize("L, C, H", [(1, 64, 1), (2, 128, 2), (3, 96, 3)])
+def test_param_count_is_exact(L, C, H):
+    c = GPTConfig(vocab_size=257, seq_len=16, n_layer=L, n_embd=C, n_head=H)
+    assert param_count(c) == sum(p.numel() for p in GPT(c).parameters())
+
+
+def test_causal_future_tokens_do_not_change_the_past():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(seq_len=16, n_layer=2, n_embd=64, n_head=2)).eval()
+    x = torch.randint(0, 257, (1, 16))
+    y = x.clone()
+    y[0, 10:] = (y[0, 10:] + 1) % 257
+    with torch.no_grad():
+        a, b = m(x), m(y)
+    assert torch.equal(a[0, :10], b[0, :10])
+    assert not torch.equal(a[0, 10:], b[0, 10:])
+
+
+def test_initial_loss_is_near_uniform():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(seq_len=32, n_layer=1, n_embd=64, n_head=1))
+    x = torch.randint(0, 257, (4, 32))
+    loss = m(x, x).item()
+    assert abs(loss - math.log(257)) < 0.5
+
+
+def test_memory_estimate_grows_with_batch_depth_and_covers_adam():
+    c = GPTConfig(seq_len=128, n_layer=2, n_embd=128, n_head=2)
+    m = estimate_train_memory(c, 8, world_size=2)
+    assert m > 20 * param_count(c)  # weights+grads+2 moments+bucket
+    assert estimate_train_memory(c, 16, 2) > m
+    assert estimate_train_memory(GPTConfig(seq_len=128, n_layer=4, n_embd=128, n_head=2), 8, 2) > m

@@ -1,0 +1,196 @@
+"""Every setting of a training run: a typed dataclass, validated, with kebab-case CLI flags.
+
+`TrainConfig` is the single source of truth: `python -m trainer --help` is generated from its
+fields (the help text is the comment in `FIELD_HELP`), and the resolved config is written as
+`config.json` next to every run and inside every checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+
+# Gradient communication options. Issue 5 adds "bf16", "fp16", "powersgd" and "auto" here and in
+# trainer/comm.py; nothing else needs to change.
+COMM_CHOICES = ("fp32",)
+DTYPE_CHOICES = ("auto", "fp32", "bf16")
+DEVICE_CHOICES = ("cpu", "cuda")
+
+
+class UsageError(ValueError):
+    """Bad input from the user (flags, data, checkpoint): exit 2 with one line, no traceback."""
+
+
+@dataclass
+class TrainConfig:
+    # --- where things are -----------------------------------------------------------------------
+    data: str = ""
+    out: str = ""
+    run_id: str = ""
+    # --- model ----------------------------------------------------------------------------------
+    depth: int = 2
+    n_embd: int = 0
+    n_head: int = 0
+    seq_len: int = 128
+    # --- optimisation ---------------------------------------------------------------------------
+    steps: int = 50
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr_frac: float = 0.1
+    lr_warmup_steps: int = 5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 1337
+    # --- checkpoints, checks, logging -------------------------------------------------------------
+    ckpt_every: int = 0
+    ckpt_keep: int = 3
+    resume: bool = False
+    check_every: int = 50
+    log_every: int = 1
+    timing_warmup_steps: int = 2
+    # --- hardware and communication ---------------------------------------------------------------
+    device: str = "cpu"
+    threads: int = 0
+    dtype: str = "auto"
+    allow_bf16: bool = False
+    force_dtype: bool = False
+    compile: bool = False
+    comm: str = "fp32"
+    bucket_cap_mb: float = 25.0
+    pg_timeout_s: float = 180.0
+    # filled in by __post_init__ when left at 0 (derived from depth)
+    _derived: list = field(default_factory=list, repr=False)
+
+    def __post_init__(self):
+        def need(cond, msg):
+            if not cond:
+                raise UsageError(msg)
+
+        need(self.data != "", "--data is required: a folder made by `python -m trainer.data prepare`")
+        need(self.out != "", "--out is required: the folder for metrics, summary and checkpoints")
+        need(1 <= self.depth <= 64, f"--depth must be in 1..64, got {self.depth}")
+        if self.n_embd == 0:
+            self.n_embd = self.depth * 64
+            self._derived.append("n_embd")
+        if self.n_head == 0:
+            self.n_head = max(1, self.n_embd // 64)
+            self._derived.append("n_head")
+        need(self.n_embd > 0, f"--n-embd must be positive, got {self.n_embd}")
+        need(self.n_head > 0, f"--n-head must be positive, got {self.n_head}")
+        need(self.n_embd % self.n_head == 0,
+             f"--n-embd {self.n_embd} is not divisible by --n-head {self.n_head}; "
+             f"choose a width that is a multiple of the head count")
+        need((self.n_embd // self.n_head) % 2 == 0,
+             f"head size {self.n_embd // self.n_head} (n_embd/n_head) must be even for rotary embeddings")
+        need(self.seq_len >= 2, f"--seq-len must be at least 2, got {self.seq_len}")
+        need(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
+        need(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        need(self.grad_accum >= 1, f"--grad-accum must be at least 1, got {self.grad_accum}")
+        need(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        need(0.0 <= self.min_lr_frac <= 1.0, f"--min-lr-frac must be in [0, 1], got {self.min_lr_frac}")
+        need(self.lr_warmup_steps >= 0, "--lr-warmup-steps must be >= 0")
+        need(self.weight_decay >= 0, "--weight-decay must be >= 0")
+        need(self.grad_clip >= 0, "--grad-clip must be >= 0 (0 disables clipping)")
+        need(self.ckpt_every >= 0, "--ckpt-every must be >= 0 (0: only the final checkpoint)")
+        need(self.ckpt_keep >= 1, "--ckpt-keep must be >= 1")
+        need(self.check_every >= 0, "--check-every must be >= 0 (0: only at the end)")
+        need(self.log_every >= 1, "--log-every must be >= 1")
+        need(self.timing_warmup_steps >= 0, "--timing-warmup-steps must be >= 0")
+        need(self.device in DEVICE_CHOICES, f"--device must be one of {DEVICE_CHOICES}, got {self.device!r}")
+        need(self.threads >= 0, "--threads must be >= 0 (0: cores available / local ranks)")
+        need(self.dtype in DTYPE_CHOICES, f"--dtype must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
+        need(self.comm in COMM_CHOICES, f"--comm must be one of {COMM_CHOICES}, got {self.comm!r}")
+        need(self.bucket_cap_mb > 0, "--bucket-cap-mb must be positive")
+        need(self.pg_timeout_s >= 5, f"--pg-timeout-s must be at least 5 seconds, got {self.pg_timeout_s}")
+        need(all(c.isalnum() or c in "-_." for c in self.run_id),
+             f"--run-id may only contain letters, digits, '-', '_' and '.', got {self.run_id!r}")
+
+    @property
+    def tokens_per_rank_step(self) -> int:
+        return self.batch_size * self.seq_len * self.grad_accum
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("_derived")
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+# One help line per field: this is the documentation of each setting.
+FIELD_HELP = {
+    "data": "folder of parquet shards + manifest.json (made by `python -m trainer.data prepare`)",
+    "out": "output folder: config.json, metrics.rank{R}.jsonl, summary*.json, ckpt/",
+    "run_id": "name of this run, recorded in the summary (default: generated on rank 0)",
+    "depth": "number of transformer blocks; also sets the width (64 per block) when --n-embd is 0",
+    "n_embd": "model width; 0 = depth*64",
+    "n_head": "attention heads; 0 = n_embd/64 (at least 1)",
+    "seq_len": "tokens (bytes) per training sequence",
+    "steps": "optimizer steps in the whole run (also sets the learning-rate schedule)",
+    "batch_size": "sequences per rank per micro-step",
+    "grad_accum": "micro-steps per optimizer step (gradients sync only on the last, via no_sync)",
+    "lr": "peak learning rate (AdamW)",
+    "min_lr_frac": "cosine decay ends at lr*min_lr_frac",
+    "lr_warmup_steps": "linear learning-rate warm-up steps",
+    "weight_decay": "AdamW weight decay on matrices",
+    "grad_clip": "clip the global gradient norm to this (0: off)",
+    "seed": "random seed (model init); the same seed gives the same losses",
+    "ckpt_every": "write a checkpoint every N steps on rank 0 (0: only the final one)",
+    "ckpt_keep": "keep the newest N checkpoints",
+    "resume": "continue from the newest valid checkpoint in OUT/ckpt (rank 0 reads, broadcasts)",
+    "check_every": "compare a parameter checksum across ranks every N steps (0: only at the end)",
+    "log_every": "print a progress line every N steps (rank 0)",
+    "timing_warmup_steps": "first steps of this process left out of tokens/s and timing percentiles",
+    "device": "training device; ddplab trains on cpu (cuda uses nccl)",
+    "threads": "torch intra-op threads per rank (0: cores available / ranks on this node)",
+    "dtype": "compute dtype: auto (fp32 unless the CPU has bf16 units and --allow-bf16), fp32, bf16",
+    "allow_bf16": "let --dtype auto choose bf16 autocast when the CPU has avx512_bf16/amx",
+    "force_dtype": "accept --dtype bf16 even when the CPU has no bf16 units (slow)",
+    "compile": "torch.compile the model (slow first step on CPU)",
+    "comm": "how gradients travel: fp32 = DDP's all-reduce",
+    "bucket_cap_mb": "DDP gradient bucket size in MiB",
+    "pg_timeout_s": "process-group timeout: a rank waiting longer for a peer fails instead of hanging",
+}
+
+CHOICES = {"dtype": DTYPE_CHOICES, "comm": COMM_CHOICES, "device": DEVICE_CHOICES}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors in ddplab's format (exit 2, no usage dump)."""
+
+    def error(self, message):
+        sys.stderr.write(f"ddplab: error: {message} (see `python -m trainer --help`)\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m trainer", description="ddplab: train a small GPT with CPU DDP over gloo. "
+                "Run alone (1 rank) or under torchrun.")
+    defaults = TrainConfig.__dataclass_fields__
+    for f in dataclasses.fields(TrainConfig):
+        if f.name.startswith("_"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        helptext = FIELD_HELP[f.name]
+        default = defaults[f.name].default
+        if f.type in ("bool", bool):
+            p.add_argument(flag, action="store_true", help=helptext)
+        else:
+            typ = {"int": int, "float": float, "str": str}[str(f.type)]
+            kw = {"choices": CHOICES[f.name]} if f.name in CHOICES else {}
+            req = f.name in ("data", "out")
+            p.add_argument(flag, type=typ, default=None if req else default, required=req,
+                           metavar=f.name.upper(), help=helptext + ("" if req else f" (default: {default})"),
+                           **kw)
+    return p
+
+
+def parse_config(argv=None) -> TrainConfig:
+    """Flags -> validated TrainConfig. Raises UsageError (a ValueError) on an invalid combination."""
+    args = build_parser().parse_args(argv)
+    return TrainConfig(**vars(args))

@@ -1,0 +1,185 @@
+"""Process-group plumbing: gloo on CPU, nccl only for CUDA training, bounded timeouts.
+
+Rank gating is explicit: `RANK`/`WORLD_SIZE`/`LOCAL_RANK` from torchrun's environment decide whether
+this is a distributed run. Without them (plain `python -m trainer`) the run is world size 1 and no
+process group is created; every helper below then works locally. No CUDA call is made unless the
+training device is CUDA.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime
+import os
+import socket
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+class RanksDisagree(RuntimeError):
+    """Ranks hold different data or parameters: exit 3."""
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    backend: str | None = None  # None: no process group (world size 1 without torchrun)
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.backend is not None
+
+
+_INFO = DistInfo()
+
+
+def info() -> DistInfo:
+    return _INFO
+
+
+def init_distributed(device_type: str = "cpu", timeout_s: float = 180.0) -> DistInfo:
+    """Create the process group from torchrun's env; gloo unless the training device is CUDA."""
+    global _INFO
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        _INFO = DistInfo()
+        return _INFO
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    _INFO = DistInfo(rank, local_rank, world, local_world, backend)
+    return _INFO
+
+
+def is_main_process() -> bool:
+    return _INFO.rank == 0
+
+
+def print0(*args, **kwargs):
+    if is_main_process():
+        kwargs.setdefault("flush", True)
+        builtins.print(*args, **kwargs)
+
+
+def barrier():
+    if _INFO.is_distributed:
+        dist.barrier()
+
+
+def cleanup():
+    if _INFO.is_distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_for_ddp(model: torch.nn.Module, bucket_cap_mb: float = 25.0):
+    """DistributedDataParallel on a distributed run, the bare model otherwise."""
+    if not _INFO.is_distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device_ids = [_INFO.local_rank] if _INFO.backend == "nccl" else None
+    return DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb,
+               forward_sync_buffers=False)  # our only buffers (rotary tables) are constants
+
+
+def no_sync(model, skip: bool):
+    """DDP's no_sync() when `skip` (gradient accumulation micro-steps), else a null context."""
+    return model.no_sync() if skip and hasattr(model, "no_sync") else nullcontext()
+
+
+def wait_all(works) -> None:
+    """Wait on async collectives whether or not the backend implements futures.
+
+    gloo's Work for some collectives (reduce_scatter, ...) raises `Work::getFuture not implemented`;
+    `Work.wait()` exists everywhere, so we use the future when present and fall back to wait().
+    """
+    for w in works:
+        if w is None:
+            continue
+        if isinstance(w, torch.futures.Future):
+            w.wait()
+            continue
+        try:
+            fut = w.get_future()
+        except (RuntimeError, AttributeError):
+            fut = None
+        if fut is not None:
+            fut.wait()
+        else:
+            w.wait()
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's `obj`, in rank order (a one-element list on world size 1)."""
+    if not _INFO.is_distributed:
+        return [obj]
+    out = [None] * _INFO.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, src: int = 0):
+    if not _INFO.is_distributed:
+        return obj
+    box = [obj if _INFO.rank == src else None]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def broadcast_state(state, src: int = 0):
+    """Broadcast a nested structure holding tensors: structure as an object, tensors with dist.broadcast.
+
+    Used for resume: only rank 0 has the checkpoint; the others receive it (no shared storage).
+    """
+    if not _INFO.is_distributed:
+        return state
+    tensors: list[torch.Tensor] = []
+
+    def strip(x):
+        if isinstance(x, torch.Tensor):
+            tensors.append(x.detach().contiguous())
+            return ("__tensor__", len(tensors) - 1, tuple(x.shape), str(x.dtype).replace("torch.", ""))
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(strip(v) for v in x)
+        return x
+
+    skeleton = broadcast_object(strip(state) if _INFO.rank == src else None, src)
+    received: list[torch.Tensor] = []
+
+    def fill(x):
+        if isinstance(x, tuple) and len(x) == 4 and x[0] == "__tensor__":
+            t = tensors[x[1]] if _INFO.rank == src else torch.empty(x[2], dtype=getattr(torch, x[3]))
+            received.append(t)
+            return t
+        if isinstance(x, dict):
+            return {k: fill(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(fill(v) for v in x)
+        return x
+
+    result = fill(skeleton)
+    for t in received:
+        if _INFO.backend == "nccl":  # nccl moves CUDA tensors only
+            g = t.cuda()
+            dist.broadcast(g, src=src)
+            t.copy_(g.cpu())
+        else:
+            dist.broadcast(t, src=src)
+    return result
+
+
+def hostname() -> str:
+    return socket.gethostname()
