@@ -6,7 +6,7 @@ DATA   ?= data/shards
 STEPS  ?= 50
 DEPTH  ?= 2
 
-.PHONY: help setup lint test test-fast data train demo bench clean
+.PHONY: help setup lint test test-fast data train demo follow bench clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -38,8 +38,13 @@ train: data  ## Single machine, 2 ranks, no Ansible
 clean:  ## Remove generated data and runs (keeps .venv)
 	rm -rf data runs
 
-demo: data  ## Fresh machine: setup, default data, a 2-rank launch on this machine, its summary
-	$(BIN)/ansible-playbook playbooks/launch.yml -e ddplab_wait=true
+demo: data  ## Fresh machine: setup, default data, a 2-rank launch on this machine, its report
+	$(BIN)/ansible-playbook playbooks/launch.yml -e ddplab_wait=true -e ddplab_data_dir=$(abspath $(DATA)) \
+	  -e ddplab_trainer_steps=$(STEPS) -e ddplab_trainer_depth=$(DEPTH)
+	@cat runs/$$(cat ~/ddplab/local0/last_run)/report.md
+
+follow:  ## Live view of every node's tmux pane (INV=inventory/simlan)
+	$(BIN)/python -m ddplab follow -i $(or $(INV),inventory/local)
 
 bench: data  ## Benchmarks (numbers printed and written under bench/results/)
 	$(BIN)/python bench/trainer_scaling.py

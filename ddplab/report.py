@@ -1,0 +1,160 @@
+"""Merge a collected run (runs/<run_id>/<host>/...) into report.md, summary.json and loss.png.
+
+Input: what playbooks/collect_logs.yml brings back, per host: metrics.rank{R}.jsonl, summary.rank{R}.json,
+summary.json (rank 0's host), exit_code, launch.log (docs/contracts.md). Files are found anywhere under
+each host folder (the trainer writes them in out/).
+"""
+
+import json
+import os
+from pathlib import Path
+
+from ddplab.errors import DdplabError
+
+COLUMNS = [("host", "host"), ("rank", "rank"), ("exit", "exit"), ("steps", "steps"),
+           ("final loss", "final_loss"), ("tokens/s", "tokens_per_sec"), ("step ms p50", "step_ms_p50"),
+           ("all-reduce ms p50", "allreduce_ms_p50"), ("comm/compute", "comm_compute_ratio")]
+
+
+def _read_json(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DdplabError(f"cannot read {path}: {e}; collect the run again (playbooks/collect_logs.yml)") \
+            from e
+
+
+def _read_jsonl(path):
+    rows = []
+    lines = Path(path).read_text().splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            # A rank killed mid-write leaves a torn last line; anything else is a broken file.
+            if n < len(lines):
+                raise DdplabError(f"{path} line {n} is not JSON; collect the run again") from None
+    return rows
+
+
+def _median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def load_run(run_dir):
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise DdplabError(f"run folder {run_dir} does not exist; collect it with playbooks/collect_logs.yml")
+    hosts = sorted(p for p in run_dir.iterdir() if p.is_dir())
+    ranks, run_summary = [], None
+    for host in hosts:
+        exit_code = None
+        for p in host.rglob("exit_code"):
+            try:
+                exit_code = int(p.read_text().strip())
+            except ValueError:
+                exit_code = None
+        for metrics in sorted(host.rglob("metrics.rank*.jsonl")):
+            rank = int(metrics.name[len("metrics.rank"):-len(".jsonl")])
+            rows = _read_jsonl(metrics)
+            summ_path = metrics.with_name(f"summary.rank{rank}.json")
+            summ = _read_json(summ_path) if summ_path.exists() else {}
+            ranks.append({"host": host.name, "rank": rank, "exit": exit_code, "rows": rows, "summary": summ})
+        for s in host.rglob("summary.json"):
+            run_summary = _read_json(s)
+    if not ranks:
+        raise DdplabError(f"no metrics.rank*.jsonl under {run_dir}; did the run start? "
+                          "(see runs/<run_id>/<host>/launch.log and pane.txt)")
+    ranks.sort(key=lambda r: r["rank"])
+    return ranks, run_summary
+
+
+def _row(r):
+    rows, summ = r["rows"], r["summary"]
+    steps = rows[-1].get("step") if rows else None
+    return {
+        "host": r["host"], "rank": r["rank"], "exit": r["exit"], "steps": steps,
+        "final_loss": rows[-1].get("loss") if rows else None,
+        "tokens_per_sec": summ.get("tokens_per_sec", _median(x.get("tokens_per_sec") for x in rows)),
+        "step_ms_p50": _median(x.get("dt_ms") for x in rows),
+        "allreduce_ms_p50": summ.get("allreduce_ms_p50", _median(x.get("allreduce_ms") for x in rows)),
+        "comm_compute_ratio": summ.get("comm_compute_ratio"),
+    }
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def markdown(run_dir, table, merged):
+    lines = [f"# Run {Path(run_dir).name}", ""]
+    for key in ("world_size", "params", "steps", "tokens_per_sec", "byte_equivalent", "torch_version",
+                "dtype", "threads", "hosts"):
+        if key in merged:
+            value = merged[key]
+            text = ", ".join(map(str, value)) if isinstance(value, list) else _fmt(value)
+            lines.append(f"- {key}: {text}")
+    lines += ["", "| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(row[k]) for _, k in COLUMNS) + " |" for row in table]
+    lines += ["", "![loss](loss.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(ranks, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in ranks:
+        xs = [x["step"] for x in r["rows"] if x.get("loss") is not None]
+        ys = [x["loss"] for x in r["rows"] if x.get("loss") is not None]
+        ax.plot(xs, ys, label=f"rank {r['rank']} ({r['host']})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_report(run_dir):
+    run_dir = Path(run_dir)
+    ranks, run_summary = load_run(run_dir)
+    table = [_row(r) for r in ranks]
+    merged = dict(run_summary or {})
+    merged.update(run_id=run_dir.name, ranks=table,
+                  exit_codes={f"{r['host']}/rank{r['rank']}": r["exit"] for r in ranks},
+                  all_exited_zero=all(r["exit"] == 0 for r in ranks))
+    files = {"report.md": markdown(run_dir, table, merged),
+             "summary.json": json.dumps(merged, indent=2, sort_keys=True) + "\n"}
+    for name, text in files.items():
+        tmp = run_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, run_dir / name)
+    plot(ranks, run_dir / "loss.png")
+    return files["report.md"]
+
+
+def cmd_report(args):
+    print(write_report(args.run_dir))
+
+
+def add_parser(sub):
+    p = sub.add_parser("report", help="merge a collected run into report.md, summary.json, loss.png")
+    p.add_argument("run_dir", help="runs/<run_id> as written by playbooks/collect_logs.yml")
+    p.set_defaults(func=cmd_report)

@@ -1,0 +1,135 @@
+"""The playbooks against 2 simulated hosts (real sshd, ufw, tmux, torchrun over the simlan bridge).
+
+One cluster serves the whole module (tests run in file order and build on each other's state:
+launch, then idempotence, then faults); the last test discards it.
+"""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from orch_helpers import REPO, make_shards, playbook, recap, tail
+
+pytestmark = [pytest.mark.slow, pytest.mark.simlan]
+
+PORT = 29500
+COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 30}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    shards = make_shards(tmp_path_factory.getbasetemp() / "shards")
+    runs = tmp_path_factory.mktemp("simlan-runs")
+    return {"ddplab_data_dir": shards, "ddplab_runs_dir": runs, **COMMON}
+
+
+def lab_pids(cluster, host, run_id):
+    """PIDs on `host` whose environment names this run (every rank process ddplab starts)."""
+    code = ("import os,sys\n"
+            "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    try: env = open(f'/proc/{p}/environ','rb').read()\n"
+            "    except OSError: continue\n"
+            f"    if b'DDPLAB_RUN_ID={run_id}\\0' in env: print(p)\n")
+    out = cluster.exec(host, [sys.executable, "-c", code], timeout=30, check=True)
+    return out.stdout.split()
+
+
+def test_1_launch_trains_across_hosts_and_kills_the_port_squatter(simlan2, lab):
+    # A stale listener on the master port: the master would fail with EADDRINUSE, the worker hang.
+    squatter = simlan2.exec("node0", ["bash", "-c", f"setsid {sys.executable} -c 'import socket,time; "
+                                      f"s=socket.socket(); s.bind((\"0.0.0.0\",{PORT})); s.listen(); "
+                                      f"time.sleep(3600)' >/dev/null 2>&1 </dev/null & echo $!"], timeout=30)
+    squatter_pid = squatter.stdout.strip()
+    time.sleep(0.5)
+    assert f":{PORT}" in simlan2.exec("node0", ["ss", "-Htln"], timeout=30).stdout
+
+    proc = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=420,
+                    extra={**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 8, "ddplab_run_id": "sim-a"})
+    assert proc.returncode == 0, tail(proc)
+    assert f"{squatter_pid} (listening on master port {PORT})" in proc.stdout
+    assert simlan2.exec("node0", ["kill", "-0", squatter_pid], timeout=30).returncode != 0
+
+    run = lab["ddplab_runs_dir"] / "sim-a"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["byte_equivalent"] is True
+    assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
+    assert sorted(summary["hosts"]) == ["node0", "node1"]
+    for host, rank in (("node0", 0), ("node1", 1)):
+        assert (run / host / "out" / f"metrics.rank{rank}.jsonl").read_text().count("\n") == 8
+        assert f"rank {rank} exited with code 0" in (run / host / "launch.log").read_text()
+        assert "iface eth0" in (run / host / "pane.txt").read_text()
+
+
+def test_2_ufw_allows_exactly_the_peers(simlan2, lab):
+    for host, peer in (("node0", "10.77.0.11"), ("node1", "10.77.0.10")):
+        status = simlan2.exec(host, ["ufw", "status"], timeout=30, check=True).stdout
+        assert "Status: active" in status
+        rules = [line.split() for line in status.splitlines()[4:] if line.strip()]
+        allowed_from = sorted(r[2] for r in rules if r[0] == "Anywhere" and r[1] == "ALLOW")
+        assert allowed_from == [peer], status
+        assert all(r[0].startswith("22/tcp") for r in rules if r[0] != "Anywhere"), status
+
+
+def test_3_second_prepare_changes_nothing_and_check_diff_is_clean(simlan2, lab):
+    again = playbook("prepare.yml", inventory=simlan2.inventory_dir, extra=lab, timeout=300)
+    assert again.returncode == 0, tail(again)
+    assert {h: r["changed"] for h, r in recap(again).items()} == {"node0": 0, "node1": 0}, tail(again)
+    check = playbook("prepare.yml", "--check", "--diff", inventory=simlan2.inventory_dir, extra=lab,
+                     timeout=300)
+    assert check.returncode == 0, tail(check)
+    assert all(r["failed"] == 0 and r["changed"] == 0 for r in recap(check).values()), tail(check)
+
+
+def test_4_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab):
+    start = playbook("start.yml", inventory=simlan2.inventory_dir, timeout=300,
+                     extra={**lab, "ddplab_trainer_steps": 60, "ddplab_run_id": "sim-cut"})
+    assert start.returncode == 0, tail(start)
+    follow_out = {}
+
+    def follow():
+        argv = [sys.executable, "-m", "ddplab", "follow", "-i", str(simlan2.inventory_dir),
+                "--run-id", "sim-cut", "--interval", "1", "--max-seconds", "240"]
+        follow_out["proc"] = subprocess.run(argv, cwd=REPO, text=True, capture_output=True, timeout=300)
+
+    t = threading.Thread(target=follow)
+    t.start()
+    time.sleep(8)
+    for host in ("node0", "node1"):
+        simlan2.sshd(host, "restart", cut=True)
+    # wait.yml (new SSH connections) follows the run to its end, collects the logs, checks exit codes.
+    wait = playbook("wait.yml", inventory=simlan2.inventory_dir, timeout=400, extra=lab)
+    t.join(timeout=320)
+    assert wait.returncode == 0, tail(wait)
+    summary = json.loads((lab["ddplab_runs_dir"] / "sim-cut" / "summary.json").read_text())
+    assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
+    assert summary["steps"] == 60 and summary["byte_equivalent"] is True
+    # paramiko follow saw both panes to the end across the SSH cut.
+    out = follow_out["proc"]
+    assert out.returncode == 0, out.stderr
+    assert "node0 | ddplab: done" in out.stdout
+    assert "node1 | ddplab: rank 1 exited with code 0" in out.stdout
+
+
+def test_5_stop_leaves_no_process_of_the_run(simlan2, lab, simlan_cluster):
+    try:
+        start = playbook("start.yml", inventory=simlan2.inventory_dir, timeout=300,
+                         extra={**lab, "ddplab_trainer_steps": 5000, "ddplab_run_id": "sim-stop"})
+        assert start.returncode == 0, tail(start)
+        deadline = time.monotonic() + 60
+        while not all(len(lab_pids(simlan2, h, "sim-stop")) >= 2 for h in ("node0", "node1")):
+            assert time.monotonic() < deadline, "ranks did not start"
+            time.sleep(1)
+        stop = playbook("stop.yml", inventory=simlan2.inventory_dir, extra=lab, timeout=300)
+        assert stop.returncode == 0, tail(stop)
+        for host in ("node0", "node1"):
+            assert lab_pids(simlan2, host, "sim-stop") == []
+            ps = simlan2.exec(host, ["ps", "-eo", "args"], timeout=30, check=True).stdout
+            assert "torch.distributed.run" not in ps and "-m trainer" not in ps, ps
+            tmux = ["tmux", "-S", "/root/ddplab/tmux.sock", "has-session", "-t", "=sim-stop"]
+            has = simlan2.exec(host, tmux, timeout=30)
+            assert has.returncode != 0
+    finally:
+        simlan_cluster.discard()  # ufw enabled, lab folders written: the next module gets fresh hosts
