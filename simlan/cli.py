@@ -7,6 +7,7 @@ import argparse
 import subprocess
 import sys
 
+from simlan import network
 from simlan.errors import SimlanError
 
 
@@ -86,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             c = cluster_mod.up(args.nodes, rate=args.rate, cpus=args.cpus, syn_retries=args.syn_retries,
                                force=args.force, inventory_dir=args.inventory, python=args.python,
                                keep=tuple(args.keep))
-            print(f"simlan: {'already up' if c.reused else 'up'}: {len(c.hosts)} host(s) on lab0 "
-                  f"10.77.0.1/24; inventory {c.inventory_dir}")
+            print(f"simlan: {'already up' if c.reused else 'up'}: {len(c.hosts)} host(s) on "
+                  f"{network.BRIDGE} {network.GATEWAY}/{network.PREFIX_LEN}; inventory {c.inventory_dir}")
             print(_table(c.status()))
             return 0
         if args.command == "status":

@@ -36,7 +36,7 @@ from simlan.system import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_INVENTORY = REPO_ROOT / "inventory" / "simlan"
+DEFAULT_INVENTORY = REPO_ROOT / "inventory" / ("simlan" if network.LAB == 0 else f"simlan{network.LAB}")
 DEFAULT_SYN_RETRIES = 3  # kernel default 6 (~127 s before connect() gives up); 3 gives ~15 s
 READY_TIMEOUT = 10.0
 SSHD = "/usr/sbin/sshd"
@@ -423,7 +423,7 @@ def _create(sdir: Path, tools: dict[str, str], *, nodes: int, rate: str | None, 
 
 def _start_host(cluster: Cluster, h: Host, tools: dict[str, str]) -> None:
     """Start the host's PID 1 (init.sh) in new mount/PID/UTS namespaces inside its netns."""
-    argv = [tools["ip"], "netns", "exec", h.name,
+    argv = [tools["ip"], "netns", "exec", network.netns_name(h.name),
             tools["unshare"], "--mount", "--pid", "--uts", "--fork", "--mount-proc",
             "--propagation", "private", "--kill-child", tools["bash"], str(Path(h.dir) / "init.sh")]
     cpu = h.cpu

@@ -3,15 +3,21 @@ by a veth pair (`veth-<host>` on the bridge, `eth0` inside the host), optionally
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from simlan.errors import SimlanError
 from simlan.system import run
 
-BRIDGE = "lab0"
-GATEWAY = "10.77.0.1"
+# SIMLAN_LAB=k (0-9) runs a separate cluster beside the default one: bridge lab<k>, subnet
+# 10.77.<k>.0/24, namespaces l<k>-node<i>. Lab 0 keeps the plain names (node<i>, 10.77.0.x).
+LAB = int(os.environ.get("SIMLAN_LAB", "0") or 0)
+if not 0 <= LAB <= 9:
+    raise SystemExit(f"simlan: error: SIMLAN_LAB must be 0-9, got {LAB}")
+BRIDGE = f"lab{LAB}"
+GATEWAY = f"10.77.{LAB}.1"
 PREFIX_LEN = 24
-FIRST_HOST = 10  # node<i> gets 10.77.0.(10 + i)
+FIRST_HOST = 10  # node<i> gets 10.77.<lab>.(10 + i)
 MAX_HOSTS = 100
 
 
@@ -20,11 +26,16 @@ def host_name(i: int) -> str:
 
 
 def host_addr(i: int) -> str:
-    return f"10.77.0.{FIRST_HOST + i}"
+    return f"10.77.{LAB}.{FIRST_HOST + i}"
+
+
+def netns_name(host: str) -> str:
+    return host if LAB == 0 else f"l{LAB}-{host}"
 
 
 def veth_name(host: str) -> str:
-    return f"veth-{host}"  # at most 15 characters for node0..node99
+    # at most 15 characters for node0..node99
+    return f"veth-{host}" if LAB == 0 else f"v{LAB}-{host}"
 
 
 def link_exists(ip: str, name: str) -> bool:
@@ -41,8 +52,8 @@ def check_free(ip: str, hosts: list[str]) -> None:
     if link_exists(ip, BRIDGE):
         taken.append(f"link {BRIDGE} (remove: ip link del {BRIDGE})")
     for h in hosts:
-        if netns_exists(h):
-            taken.append(f"network namespace {h} (remove: ip netns del {h})")
+        if netns_exists(netns_name(h)):
+            taken.append(f"network namespace {netns_name(h)} (remove: ip netns del {netns_name(h)})")
         if link_exists(ip, veth_name(h)):
             taken.append(f"link {veth_name(h)} (remove: ip link del {veth_name(h)})")
     if taken:
@@ -58,20 +69,20 @@ def create_bridge(ip: str) -> None:
 
 
 def create_host_link(ip: str, tc: str, host: str, addr: str, rate: str | None) -> None:
-    veth = veth_name(host)
-    run([ip, "netns", "add", host])
-    run([ip, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host])
+    veth, ns = veth_name(host), netns_name(host)
+    run([ip, "netns", "add", ns])
+    run([ip, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
     run([ip, "link", "set", veth, "master", BRIDGE, "up"])
-    run([ip, "-n", host, "link", "set", "lo", "up"])
-    run([ip, "-n", host, "addr", "add", f"{addr}/{PREFIX_LEN}", "dev", "eth0"])
-    run([ip, "-n", host, "link", "set", "eth0", "up"])
+    run([ip, "-n", ns, "link", "set", "lo", "up"])
+    run([ip, "-n", ns, "addr", "add", f"{addr}/{PREFIX_LEN}", "dev", "eth0"])
+    run([ip, "-n", ns, "link", "set", "eth0", "up"])
     if rate:
         shape(ip, tc, host, rate)
 
 
 def shape(ip: str, tc: str, host: str, rate: str) -> None:
     """Limit the host's outgoing traffic on eth0 to `rate` (tc syntax: 1gbit, 100mbit, ...)."""
-    proc = run([ip, "netns", "exec", host, tc, "qdisc", "replace", "dev", "eth0", "root", "tbf",
+    proc = run([ip, "netns", "exec", netns_name(host), tc, "qdisc", "replace", "dev", "eth0", "root", "tbf",
                 "rate", rate, "burst", "256kb", "latency", "10ms"], check=False)
     if proc.returncode != 0:
         why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
@@ -86,8 +97,9 @@ def set_link(ip: str, host: str, up: bool) -> None:
 
 
 def delete_netns(ip: str, host: str) -> None:
-    if netns_exists(host):
-        run([ip, "netns", "del", host], what=f"ip netns del {host}")
+    ns = netns_name(host)
+    if netns_exists(ns):
+        run([ip, "netns", "del", ns], what=f"ip netns del {ns}")
     if link_exists(ip, veth_name(host)):  # normally gone with the namespace
         run([ip, "link", "del", veth_name(host)], check=False)
 

@@ -18,7 +18,9 @@ STATE_FILE = "cluster.json"
 
 def state_dir(path: str | os.PathLike | None = None) -> Path:
     """The state directory: `path`, else $SIMLAN_STATE, else /run/simlan."""
-    return Path(path or os.environ.get("SIMLAN_STATE") or DEFAULT_STATE)
+    lab = os.environ.get("SIMLAN_LAB", "0") or "0"
+    default = DEFAULT_STATE if lab == "0" else f"{DEFAULT_STATE}{lab}"
+    return Path(path or os.environ.get("SIMLAN_STATE") or default)
 
 
 def load(state: Path) -> dict | None:
