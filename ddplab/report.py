@@ -1,8 +1,9 @@
 """Merge a collected run (runs/<run_id>/<host>/...) into report.md, summary.json and loss.png.
 
 Input: what playbooks/collect_logs.yml brings back, per host: metrics.rank{R}.jsonl, summary.rank{R}.json,
-summary.json (rank 0's host), exit_code, launch.log (docs/contracts.md). Files are found anywhere under
-each host folder (the trainer writes them in out/).
+summary.json (rank 0's host), exit_code, launch.log, trainer.env, code.json (docs/contracts.md). Files are
+found anywhere under each host folder (the trainer writes them in out/). A host without metrics (your own
+entry point, or a rank that died before its first step) still gets a row with its exit code.
 """
 
 import json
@@ -47,6 +48,27 @@ def _median(values):
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
+def _env_value(host, key):
+    for p in host.rglob("trainer.env"):
+        for line in p.read_text(errors="replace").splitlines():
+            if line.startswith(key + "="):
+                return line.split("=", 1)[1].strip("'\"")
+    return None
+
+
+def load_code(run_dir):
+    """{host: code.json} for the hosts that recorded the code they ran (roles/launch)."""
+    out = {}
+    for host in sorted(p for p in Path(run_dir).iterdir() if p.is_dir()):
+        path = host / "code.json"
+        if path.is_file():
+            info = _read_json(path)
+            out[host.name] = {"hash": info.get("hash"), "trees": [
+                {k: t.get(k) for k in ("dest", "method", "hash", "git_commit", "git_dirty")}
+                for t in info.get("trees", [])]}
+    return out
+
+
 def load_run(run_dir):
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -68,10 +90,14 @@ def load_run(run_dir):
             ranks.append({"host": host.name, "rank": rank, "exit": exit_code, "rows": rows, "summary": summ})
         for s in host.rglob("summary.json"):
             run_summary = _read_json(s)
+        if not any(r["host"] == host.name for r in ranks) and (exit_code is not None
+                                                               or any(host.rglob("launch.log"))):
+            ranks.append({"host": host.name, "rank": None, "node_rank": _env_value(host, "NODE_RANK"),
+                          "exit": exit_code, "rows": [], "summary": {}})
     if not ranks:
         raise DdplabError(f"no metrics.rank*.jsonl under {run_dir}; did the run start? "
                           "(see runs/<run_id>/<host>/launch.log and pane.txt)")
-    ranks.sort(key=lambda r: r["rank"])
+    ranks.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["host"]))
     return ranks, run_summary
 
 
@@ -106,7 +132,16 @@ def markdown(run_dir, table, merged):
             lines.append(f"- {key}: {text}")
     lines += ["", "| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(row[k]) for _, k in COLUMNS) + " |" for row in table]
-    lines += ["", "![loss](loss.png)", ""]
+    code = merged.get("code") or {}
+    if code:
+        hashes = sorted({c["hash"] or "-" for c in code.values()})
+        trees = next(iter(code.values()))["trees"]
+        git = [f"{t['dest']} {t['git_commit'][:12]}{' (dirty)' if t['git_dirty'] else ''}"
+               for t in trees if t.get("git_commit")]
+        same = "identical on every node" if len(hashes) == 1 else "DIFFERS between nodes"
+        git_text = "; git " + ", ".join(git) if git else ""
+        lines.insert(2, f"- code: {', '.join(h[:12] for h in hashes)} ({same}){git_text}")
+    lines += [""] + (["![loss](loss.png)", ""] if merged.get("has_metrics") else [])
     return "\n".join(lines)
 
 
@@ -137,16 +172,21 @@ def write_report(run_dir):
     ranks, run_summary = load_run(run_dir)
     table = [_row(r) for r in ranks]
     merged = dict(run_summary or {})
-    merged.update(run_id=run_dir.name, ranks=table,
-                  exit_codes={f"{r['host']}/rank{r['rank']}": r["exit"] for r in ranks},
+    code = load_code(run_dir)
+    merged.update(run_id=run_dir.name, ranks=table, has_metrics=any(r["rows"] for r in ranks),
+                  exit_codes={f"{r['host']}/rank{r['rank']}" if r["rank"] is not None
+                              else f"{r['host']}/node{r.get('node_rank')}": r["exit"] for r in ranks},
                   all_exited_zero=all(r["exit"] == 0 for r in ranks))
+    if code:
+        merged.update(code=code, code_identical=len({c["hash"] for c in code.values()}) == 1)
     files = {"report.md": markdown(run_dir, table, merged),
              "summary.json": json.dumps(merged, indent=2, sort_keys=True) + "\n"}
     for name, text in files.items():
         tmp = run_dir / f".{name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, run_dir / name)
-    plot(ranks, run_dir / "loss.png")
+    if merged["has_metrics"]:
+        plot([r for r in ranks if r["rows"]], run_dir / "loss.png")
     return files["report.md"]
 
 

@@ -68,11 +68,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     lp = sub.add_parser("lab-processes", help="leftover torchrun/trainer processes of this lab")
     lp.add_argument("--root", required=True, help="the lab folder (ddplab_root)")
+    lp.add_argument("--shared", action="store_true",
+                    help="this machine runs other labs too: count only processes tied to --root")
 
     sub.add_parser("resolve", help="what this node's hostname resolves to")
 
     i = sub.add_parser("iface", help="interface and source address toward the master")
     i.add_argument("--master", required=True, help="master address")
+
+    ga = sub.add_parser("gather", help="every single-node probe of the preflight in one process")
+    ga.add_argument("--master", required=True, help="master address (iface)")
+    ga.add_argument("--root", required=True, help="the lab folder (lab-processes)")
+    ga.add_argument("--shared", action="store_true", help="as lab-processes --shared")
+    ga.add_argument("--master-port", type=_port,
+                    help="this node is the master: port-holder, then listen on it when free")
+    ga.add_argument("--expect", type=int, default=0,
+                    help="connections the master-port listener answers before it quits")
+    ga.add_argument("--listen-seconds", type=_positive(float), default=60.0,
+                    help="lifetime of the background listeners")
+    ga.add_argument("--data", help="shard folder (fingerprint)")
+    ga.add_argument("--threads", type=_positive(int), help="threads the run is configured to use")
+    ga.add_argument("--code", action="append", help="code folder to hash (repeatable)")
+    ga.add_argument("--world", type=_positive(int), default=2, help="ranks in the run")
+    ga.add_argument("--fingerprint-timeout", type=_positive(float), default=150.0,
+                    help="seconds to wait for the warm child's fingerprint (torch import, hashing)")
+    ga.add_argument("--trainer-args", default="[]",
+                    help="the run's trainer arguments as a JSON list (dtype and model size are read)")
 
     g = sub.add_parser("gloo-smoke", help="real gloo collectives across the nodes, bounded by a watchdog")
     g.add_argument("--rank", type=int, required=True)
@@ -83,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ifname", help="GLOO_SOCKET_IFNAME for this rank")
     g.add_argument("--mb", type=_positive(float), default=16.0, help="all-reduce size for the bandwidth")
     g.add_argument("--reps", type=_positive(int), default=3)
+    g.add_argument("--stop-listener", action="store_true",
+                   help="rank 0: first stop the preflight's nodeprobe listener on the master port")
+    g.add_argument("--warm", metavar="DIR",
+                   help="hand the test to the warm child `gather` left in DIR (torch already imported)")
     return p
 
 
@@ -94,7 +119,10 @@ def main(argv=None) -> int:
             parser.error(f"--rank {args.rank} is outside 0..{args.world - 1}")
         from nodeprobe import smoke
 
-        smoke.run(args)  # prints its own JSON (the watchdog may print it instead)
+        if args.warm:
+            smoke.run_warm(args)
+        else:
+            smoke.run(args)  # prints its own JSON (the watchdog may print it instead)
         return 0
     if args.cmd == "connect" and not args.target and (args.host is None or args.port is None):
         parser.error("connect needs --host and --port, or --target NAME=HOST:PORT")
@@ -116,6 +144,10 @@ def dispatch(args):
         from nodeprobe import fingerprint
 
         return fingerprint.run(args)
+    if args.cmd == "gather":
+        from nodeprobe import gather
+
+        return gather.run(args)
     from nodeprobe import net, procs
 
     if args.cmd == "listen":
@@ -127,7 +159,7 @@ def dispatch(args):
     if args.cmd == "port-holder":
         return procs.port_holder(args.port)
     if args.cmd == "lab-processes":
-        return procs.lab_processes(args.root)
+        return procs.lab_processes(args.root, shared=args.shared)
     if args.cmd == "resolve":
         return net.resolve()
     if args.cmd == "iface":

@@ -23,8 +23,9 @@ def _banner(port: int) -> bytes:
     return BANNER + b" " + socket.gethostname().encode() + b" " + str(port).encode() + b"\n"
 
 
-def _serve(srv: socket.socket, seconds: float) -> int:
-    """Accept and answer until ``seconds`` pass; a client sending ``quit`` ends it early."""
+def _serve(srv: socket.socket, seconds: float, max_conns: int | None = None) -> int:
+    """Accept and answer until ``seconds`` pass; a client sending ``quit`` ends it early, and so does
+    the ``max_conns``-th connection (the preflight knows how many peers will knock)."""
     port = srv.getsockname()[1]
     deadline = time.monotonic() + seconds
     served = 0
@@ -46,10 +47,13 @@ def _serve(srv: socket.socket, seconds: float) -> int:
                 msg = b""
             if msg.strip() == b"quit":
                 break
+        if max_conns is not None and served >= max_conns:
+            break
     return served
 
 
-def listen(port: int, seconds: float, background: bool, bind: str = "0.0.0.0") -> dict | None:
+def listen(port: int, seconds: float, background: bool, bind: str = "0.0.0.0",
+           max_conns: int | None = None) -> dict | None:
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -61,7 +65,7 @@ def listen(port: int, seconds: float, background: bool, bind: str = "0.0.0.0") -
                 "errno": errno.errorcode.get(e.errno, str(e.errno)), "error": str(e)}
     real_port = srv.getsockname()[1]
     head = {"probe": "listen", "host": socket.gethostname(), "ok": True, "port": real_port,
-            "bind": bind, "seconds": seconds}
+            "bind": bind, "seconds": seconds, "max_conns": max_conns}
     if background:
         # Detach: the parent prints the port and returns at once (an Ansible task does not wait);
         # the child keeps serving for `seconds`, in its own session so a closing SSH cannot stop it.
@@ -76,11 +80,11 @@ def listen(port: int, seconds: float, background: bool, bind: str = "0.0.0.0") -
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        _serve(srv, seconds)
+        _serve(srv, seconds, max_conns)
         os._exit(0)
     head["pid"] = os.getpid()
     print(json.dumps(head), flush=True)
-    _serve(srv, seconds)
+    _serve(srv, seconds, max_conns)
     srv.close()
     return None  # the one JSON object was printed before serving
 

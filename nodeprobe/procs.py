@@ -125,7 +125,22 @@ def _role(cmd: str) -> str:
     return "rank"
 
 
-def lab_processes(root: str) -> dict:
+def _lab_env(pid: int) -> str | None:
+    """DDPLAB_ROOT from the process's environment (every rank ddplab starts carries it)."""
+    raw = _read(f"/proc/{pid}/environ")
+    for item in (raw or "").split("\0"):
+        if item.startswith("DDPLAB_ROOT="):
+            return item[len("DDPLAB_ROOT="):]
+    return None
+
+
+def lab_processes(root: str, shared: bool = False) -> dict:
+    """Processes of this lab: DDPLAB_ROOT in their environment, the lab path in their command line,
+    a torchrun/trainer whose cwd is in the lab, or (``shared=False``) any ``-m trainer``.
+
+    ``shared``: this machine also runs other labs or people's trainers (the local inventory's
+    hosts are one machine), so a trainer counts only when it is tied to this lab folder.
+    """
     lab = os.path.realpath(os.path.expanduser(root))
     skip = _ancestors()
     found = []
@@ -139,8 +154,10 @@ def lab_processes(root: str) -> dict:
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             cwd = None
-        in_lab = lab in cmd or root in cmd
-        trainer = "-m trainer" in cmd
+        env_root = _lab_env(pid)
+        in_lab = lab in cmd or root in cmd or (
+            env_root is not None and os.path.realpath(os.path.expanduser(env_root)) == lab)
+        trainer = "-m trainer" in cmd and not shared
         torchrun_in_lab = any(m in cmd for m in RANK_MARKERS) and cwd is not None \
             and (cwd + "/").startswith(lab + "/")
         if not (in_lab or trainer or torchrun_in_lab):

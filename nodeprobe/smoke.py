@@ -119,6 +119,9 @@ class Smoke:
             os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
         # c10d logs every failed try with a C++ stack to stderr; the JSON carries the error instead.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+        if a.stop_listener and a.rank == 0:
+            self.phase = "stop_listener"
+            self.out["stopped_listener"] = stop_listener(a.master_addr, a.master_port)
         self.phase = "import"
         import torch
         import torch.distributed as dist
@@ -186,5 +189,77 @@ class Smoke:
         dist.destroy_process_group()
 
 
+def stop_listener(host: str, port: int, wait_s: float = 3.0) -> bool:
+    """Ask the preflight's own listener on the master port to quit and wait until the port is free.
+
+    Only a nodeprobe listener obeys (it answers with its banner first); anything else is left alone
+    and the store phase then reports the port as taken. True when a listener was stopped.
+    """
+    from nodeprobe import net
+
+    r = net.connect(host, port, 1.0, send_quit=True)
+    if not r.get("nodeprobe_listener"):
+        return False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if not net.connect(host, port, 0.5).get("nodeprobe_listener"):
+            return True
+        time.sleep(0.05)
+    return True
+
+
 def run(args) -> None:
     Smoke(args).run()
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
+
+
+def run_warm(args) -> None:
+    """Hand the test to the warm child that ``gather`` left in ``args.warm`` and print its JSON line.
+
+    Without a live warm child (it timed out, or gather ran elsewhere) the test runs here, cold.
+    """
+    import json
+    import shutil
+    from pathlib import Path
+
+    folder = Path(args.warm)
+    try:
+        pid = json.loads((folder / "pid").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        pid = None
+    if not _alive(pid):
+        shutil.rmtree(folder, ignore_errors=True)
+        return run(args)
+    spec = {k: v for k, v in vars(args).items() if k not in ("warm", "cmd")}
+    tmp = folder / "go.json.tmp"
+    tmp.write_text(json.dumps(spec))
+    os.replace(tmp, folder / "go.json")
+    # the child's own watchdog ends it after timeout*3 (+ the import allowance): wait a little longer
+    deadline = time.monotonic() + IMPORT_ALLOWANCE_S + args.timeout * 3 + 10
+    part = folder / "result.part"
+    while time.monotonic() < deadline:
+        try:
+            text = part.read_text()
+        except OSError:
+            text = ""
+        if text.endswith("\n"):
+            sys.stdout.write(text.splitlines()[-1] + "\n")
+            sys.stdout.flush()
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        if not _alive(pid):
+            break
+        time.sleep(0.05)
+    out = {"probe": "gloo-smoke", "host": socket.gethostname(), "rank": args.rank, "world": args.world,
+           "ok": False, "phase": "warm", "hung": True, "checks": {},
+           "error": f"the warm test process {pid} ended or hung without a result"}
+    sys.stdout.write(json.dumps(out) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    return None

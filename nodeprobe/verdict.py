@@ -18,6 +18,10 @@ Input folder (written by the preflight role; every file optional except inventor
     DIR/<host>/tcp_master.json    `connect --host <master addr> --port <master port>` (workers)
     DIR/<host>/tcp_peers.json     `connect --target <peer>=<addr>:<its listen port> ...`
 
+With ``--bundle FILE`` (``-``: stdin) the folder is first written from the preflight role's bundle of
+registered Ansible results (nodeprobe/collect.py); ``--gate`` then only prints whether the gloo smoke
+test may run (``{"smoke": false, "reason": ...}`` when a check it needs already failed).
+
 Each check of each host gets status ok / FAIL / skip (not run) / n/a, a detail and the command that
 fixes it. Exit 0 when every check passed, 1 on any FAIL (or when checks were not run), 2 on bad input.
 """
@@ -33,11 +37,16 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nodeprobe import hashing
+from nodeprobe import collect, hashing
 
 CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "memory", "code", "data",
           "iface", "hostname", "tcp_master", "tcp_peers", "master_port", "stale_processes", "gloo_smoke")
 OK, FAIL, SKIP, NA = "ok", "FAIL", "skip", "n/a"
+# Checks a failure of which makes the gloo smoke test pointless (or a sure hang): --gate skips it.
+SMOKE_NEEDS = ("inventory", "ssh", "torch", "gloo", "iface", "hostname", "tcp_master", "tcp_peers",
+               "master_port", "stale_processes")
+# Probe errors that mean the node was never prepared (no code or no Python there).
+NOT_PREPARED = ("No module named 'nodeprobe'", "No module named nodeprobe", "not prepared")
 GIB = 1 << 30
 
 
@@ -140,8 +149,10 @@ class Verdict:
             self.set(host, check, SKIP, f"no {name}.json: probe not run")
             return None
         if data.get("ok") is False and data.get("error") and name not in ("gloo_smoke", "ssh"):
-            self.fail(host, check, f"probe {name} failed on {host}: {data['error']}",
-                      f"run `python -m nodeprobe {name.replace('_', '-')}` on {host}")
+            fix = f"run `python -m nodeprobe {name.replace('_', '-')}` on {host}"
+            if any(w in data["error"] for w in NOT_PREPARED):
+                fix = f"re-run playbooks/prepare.yml (the node-side code or Python is missing on {host})"
+            self.fail(host, check, f"probe {name} failed on {host}: {data['error']}", fix)
             return None
         return data
 
@@ -532,6 +543,9 @@ class Verdict:
         r = self.need(h, "gloo_smoke", "gloo_smoke")
         if not r:
             return
+        if r.get("skipped"):
+            self.set(h, "gloo_smoke", SKIP, f"not run: {r.get('reason') or 'skipped'}")
+            return
         if r.get("ok"):
             bw = r.get("bandwidth") or {}
             bus = bw.get("busbw_gbit_s")
@@ -626,6 +640,16 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def gate(result: dict) -> dict:
+    """May the gloo smoke test run? Not when a check it depends on failed: it would only hang until
+    its watchdog and then blame the network that the failed check already named."""
+    failed = [f"{f['host']}:{f['check']}" for f in result["failures"] if f["check"] in SMOKE_NEEDS]
+    if failed:
+        return {"smoke": False, "failed": failed,
+                "reason": f"{', '.join(failed[:4])}{' ...' if len(failed) > 4 else ''} failed first"}
+    return {"smoke": True, "failed": [], "reason": ""}
+
+
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -645,8 +669,21 @@ def main(argv=None) -> int:
     p.add_argument("--manifest", type=Path, help="control host's manifest.json (default: IN/manifest.json)")
     p.add_argument("--code", action="append", type=Path, default=[],
                    help="control host's code folder to compare with (repeatable; default IN/control.json)")
+    p.add_argument("--bundle", help="first write --in from this bundle of Ansible results ('-' = stdin; "
+                                    "format in nodeprobe/collect.py)")
+    p.add_argument("--gate", action="store_true",
+                   help="print {\"smoke\": true/false, \"reason\": ...}: may the gloo smoke test run? "
+                        "(no table, --out untouched, exit 0)")
     args = p.parse_args(argv)
     try:
+        if args.bundle:
+            try:
+                text = sys.stdin.read() if args.bundle == "-" else Path(args.bundle).read_text()
+                collect.unpack(json.loads(text), args.in_dir)
+            except (OSError, ValueError) as e:
+                raise InputError(f"--bundle {args.bundle}: {e}") from None
+            except collect.BundleError as e:
+                raise InputError(f"--bundle {args.bundle}: {e}") from None
         if not args.in_dir.is_dir():
             raise InputError(f"--in {args.in_dir} is not a folder of probe results")
         manifest = None
@@ -671,6 +708,9 @@ def main(argv=None) -> int:
     except InputError as e:
         print(f"ddplab: error: {e}", file=sys.stderr)
         return 2
+    if args.gate:
+        print(json.dumps(gate(result)))
+        return 0
     write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(table(result))
     print(f"written: {args.out}")

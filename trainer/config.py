@@ -13,9 +13,8 @@ import json
 import sys
 from dataclasses import dataclass, field
 
-# Gradient communication options. Issue 5 adds "bf16", "fp16", "powersgd" and "auto" here and in
-# trainer/comm.py; nothing else needs to change.
-COMM_CHOICES = ("fp32",)
+# Gradient communication options (trainer/comm.py): torch's DDP comm hooks, or auto (measure, then choose).
+COMM_CHOICES = ("fp32", "bf16", "fp16", "powersgd", "auto")
 DTYPE_CHOICES = ("auto", "fp32", "bf16")
 DEVICE_CHOICES = ("cpu", "cuda")
 
@@ -61,7 +60,13 @@ class TrainConfig:
     compile: bool = False
     comm: str = "fp32"
     bucket_cap_mb: float = 25.0
-    pg_timeout_s: float = 180.0
+    powersgd_rank: int = 4
+    powersgd_start_step: int = 10
+    powersgd_warm_start: bool = True
+    auto_trial_steps: int = 2
+    pg_timeout_s: float = 45.0
+    straggler_every: int = 20
+    straggler_ratio: float = 2.0
     # filled in by __post_init__ when left at 0 (derived from depth)
     _derived: list = field(default_factory=list, repr=False)
 
@@ -105,6 +110,13 @@ class TrainConfig:
         need(self.dtype in DTYPE_CHOICES, f"--dtype must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
         need(self.comm in COMM_CHOICES, f"--comm must be one of {COMM_CHOICES}, got {self.comm!r}")
         need(self.bucket_cap_mb > 0, "--bucket-cap-mb must be positive")
+        need(self.powersgd_rank >= 1, f"--powersgd-rank must be at least 1, got {self.powersgd_rank}")
+        need(self.powersgd_start_step >= 2, f"--powersgd-start-step must be at least 2 (torch's PowerSGD "
+             f"needs a plain step while DDP builds its buckets), got {self.powersgd_start_step}")
+        need(self.auto_trial_steps >= 1,
+             f"--auto-trial-steps must be at least 1, got {self.auto_trial_steps}")
+        need(self.straggler_every >= 0, "--straggler-every must be >= 0 (0: no straggler check)")
+        need(self.straggler_ratio > 1, f"--straggler-ratio must be above 1, got {self.straggler_ratio}")
         need(self.pg_timeout_s >= 5, f"--pg-timeout-s must be at least 5 seconds, got {self.pg_timeout_s}")
         need(all(c.isalnum() or c in "-_." for c in self.run_id),
              f"--run-id may only contain letters, digits, '-', '_' and '.', got {self.run_id!r}")
@@ -152,9 +164,19 @@ FIELD_HELP = {
     "allow_bf16": "let --dtype auto choose bf16 autocast when the CPU has avx512_bf16/amx",
     "force_dtype": "accept --dtype bf16 even when the CPU has no bf16 units (slow)",
     "compile": "torch.compile the model (slow first step on CPU)",
-    "comm": "how gradients travel: fp32 = DDP's all-reduce",
+    "comm": "how gradients travel: fp32 = DDP's all-reduce; bf16/fp16 = 16-bit compressed all-reduce (half "
+            "the bytes); powersgd = low-rank PowerSGD; auto = try fp32, bf16, powersgd in the first steps "
+            "and keep the one with the most tokens/s",
     "bucket_cap_mb": "DDP gradient bucket size in MiB",
-    "pg_timeout_s": "process-group timeout: a rank waiting longer for a peer fails instead of hanging",
+    "powersgd_rank": "PowerSGD rank r: a n x m gradient travels as (n+m)*r numbers",
+    "powersgd_start_step": "plain all-reduce for the first N steps before PowerSGD compresses (min 2)",
+    "powersgd_warm_start": "PowerSGD reuses last step's factors (--no-powersgd-warm-start: new random ones)",
+    "auto_trial_steps": "--comm auto: steps per option in the trial (the first of each is not measured)",
+    "pg_timeout_s": "process-group timeout: a rank waiting longer for a peer fails (naming it) instead of "
+                    "hanging",
+    "straggler_every": "every N steps the ranks compare their compute time; a slow rank gets a warning "
+                       "(0: off)",
+    "straggler_ratio": "warn when a rank's compute time is this many times the others' median",
 }
 
 CHOICES = {"dtype": DTYPE_CHOICES, "comm": COMM_CHOICES, "device": DEVICE_CHOICES}
@@ -178,8 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         helptext = FIELD_HELP[f.name]
         default = defaults[f.name].default
-        if f.type in ("bool", bool):
-            p.add_argument(flag, action="store_true", help=helptext)
+        if f.type in ("bool", bool):  # on by default: --flag / --no-flag
+            action = argparse.BooleanOptionalAction if default else "store_true"
+            p.add_argument(flag, action=action, default=default, help=helptext)
         else:
             typ = {"int": int, "float": float, "str": str}[str(f.type)]
             kw = {"choices": CHOICES[f.name]} if f.name in CHOICES else {}

@@ -183,3 +183,19 @@ def broadcast_state(state, src: int = 0):
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+def node_address() -> str:
+    """The address peers reach this node at: DDPLAB_ADDR (set by the launch role), else the source
+    address of a route toward MASTER_ADDR (a UDP connect sends no packet), else ""."""
+    if os.environ.get("DDPLAB_ADDR"):
+        return os.environ["DDPLAB_ADDR"]
+    master = os.environ.get("MASTER_ADDR", "")
+    if not master:
+        return ""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+            return s.getsockname()[0]
+    except (OSError, ValueError):
+        return ""

@@ -1,9 +1,10 @@
-"""Honest measurements: a timed DDP comm hook, per-step JSONL, a progress line, percentiles, the summary.
+"""Honest measurements: the comm hook's timer, per-step JSONL, a progress line, percentiles, the summary.
 
 Definitions (per optimizer step, on each rank):
 - dt_ms: wall time of the whole step (data, forward, backward incl. waiting for the all-reduce, optimizer).
 - allreduce_ms: from the first gradient bucket handed to the all-reduce until the last one finished
-  (measured in the comm hook: launch -> future done, via a then-callback). Part of it overlaps backward.
+  (measured in the comm hook, trainer/comm.py: launch -> future done, via a then-callback). Part of it
+  overlaps backward. allreduce_bytes: what this rank handed to the all-reduce (after compression).
 - exposed_ms: the part that cannot have overlapped: from the launch of the last bucket (backward is then
   essentially done) until the last bucket finished.
 - compute_ms: dt_ms - exposed_ms.
@@ -40,6 +41,10 @@ class CommTimer:
             self.bytes += nbytes
         return t
 
+    def add_bytes(self, nbytes: int):
+        with self._lock:
+            self.bytes += nbytes
+
     def done(self):
         t = time.perf_counter()
         with self._lock:
@@ -54,22 +59,6 @@ class CommTimer:
                     "exposed_ms": max(0.0, end - max(self.launches)) * 1e3,
                     "allreduce_bytes": self.bytes, "buckets": len(self.launches)}
 
-
-def timed_hook(inner, timer: CommTimer):
-    """Wrap a DDP comm hook (state, bucket) -> Future: the real collective is timed, its bytes counted."""
-
-    def hook(state, bucket):
-        buf = bucket.buffer()
-        timer.launched(buf.numel() * buf.element_size())
-        fut = inner(state, bucket)
-
-        def finished(f):
-            timer.done()
-            return f.value()
-
-        return fut.then(finished)
-
-    return hook
 
 
 class JsonlWriter:

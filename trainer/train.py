@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,12 +20,16 @@ import torch
 
 from trainer import checkpoint
 from trainer import dist as D
-from trainer.comm import register_comm_hook
+from trainer.comm import GradComm
 from trainer.config import TrainConfig, UsageError, parse_config
 from trainer.data import VOCAB_SIZE, ShardLoader, open_dataset
 from trainer.device import autocast_context, banner, cpu_has_bf16, resolve_dtype, setup_threads
 from trainer.metrics import CommTimer, JsonlWriter, progress_line, summarize_steps
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
+from trainer.resilience import StragglerWatch, is_comm_failure, lost_peer_line
+
+# every rank's host and address, gathered at start: a rank that loses a peer names it
+_PEERS: list[dict] = []
 
 # settings that must match between a checkpoint and the run that resumes it
 _RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps")
@@ -66,8 +71,8 @@ def write_json(path: Path, obj) -> None:
 
 def _setup_checks(cfg: TrainConfig, di: D.DistInfo) -> dict:
     """Everything that can go wrong with this rank's input, as a status every rank will see."""
-    st = {"rank": di.rank, "host": D.hostname(), "error": None, "bf16_units": cpu_has_bf16()
-          if cfg.device == "cpu" else None}
+    st = {"rank": di.rank, "host": D.hostname(), "addr": D.node_address(), "error": None,
+          "bf16_units": cpu_has_bf16() if cfg.device == "cpu" else None}
     try:
         st["dtype"], st["why"] = resolve_dtype(cfg)
         ds = open_dataset(cfg.data)
@@ -157,6 +162,7 @@ def run(cfg: TrainConfig) -> int:
     statuses = D.all_gather_object(_setup_checks(cfg, di))
     _agree(statuses)
     hosts = [s["host"] for s in statuses]
+    _PEERS[:] = [{"rank": s["rank"], "host": s["host"], "addr": s["addr"]} for s in statuses]
     dtype, why = statuses[di.rank]["dtype"], statuses[di.rank]["why"]
     if len({s["dtype"] for s in statuses}) > 1:  # auto chose bf16 on some nodes only: all use fp32
         dtype, why = "fp32", "auto: not every node has bf16 units"
@@ -199,13 +205,15 @@ def run(cfg: TrainConfig) -> int:
     model = torch.compile(raw) if cfg.compile else raw
     model = D.wrap_for_ddp(model, cfg.bucket_cap_mb)
     timer = CommTimer()
-    register_comm_hook(model, cfg.comm, timer)
+    comm = GradComm(cfg, di.world_size, timer)
+    comm.install(model)
 
     # 3. the loop
     metrics = JsonlWriter(out / f"metrics.rank{di.rank}.jsonl",
                           keep_steps_upto=start_step if resumed is not None else None)
     tokens_per_step = cfg.tokens_per_rank_step * di.world_size
     records: list[dict] = []
+    stragglers = StragglerWatch(cfg.straggler_every, cfg.straggler_ratio, di.world_size, hosts)
     final_sha = check_params_agree(raw, start_step, hosts)
     model.train()
     for step in range(start_step, cfg.steps):
@@ -214,6 +222,7 @@ def run(cfg: TrainConfig) -> int:
         for g in opt.param_groups:
             g["lr"] = lr
         timer.reset()
+        option = comm.before_step(step)
         pos = loader.state_dict()
         rg = loader.row_group
         loss_sum = 0.0
@@ -235,12 +244,14 @@ def run(cfg: TrainConfig) -> int:
                "tokens": tokens_per_step, "tokens_per_sec": tokens_per_step / dt,
                "compute_ms": dt * 1e3 - c["exposed_ms"], "allreduce_ms": c["allreduce_ms"],
                "exposed_ms": c["exposed_ms"], "allreduce_bytes": c["allreduce_bytes"],
-               "buckets": c["buckets"], "epoch": pos["epoch"], "row_group": rg}
+               "buckets": c["buckets"], "comm": option, "epoch": pos["epoch"], "row_group": rg}
         if not math.isfinite(loss_sum):
             raise RuntimeError(f"loss is {loss_sum} at step {step + 1}; lower --lr")
         loss_first = loss_sum if loss_first is None else loss_first
         metrics.write(rec)
         records.append(rec)
+        comm.after_step(step, rec)
+        stragglers.after_step(step + 1, records)
         done = step + 1
         if D.is_main_process() and (done % cfg.log_every == 0 or done == cfg.steps):
             recent = records[-10:]
@@ -259,7 +270,7 @@ def run(cfg: TrainConfig) -> int:
     metrics.close()
 
     # 4. summaries
-    mine = summarize_steps(records, cfg.timing_warmup_steps) if records else {}
+    mine = summarize_steps(records, max(cfg.timing_warmup_steps, comm.timing_skip)) if records else {}
     rank_summary = {"rank": di.rank, "host": hosts[di.rank], "steps_run": len(records),
                     "loss_first": loss_first, "loss_last": records[-1]["loss"] if records else None,
                     "final_param_sha256": final_sha, "row_groups_read": sorted(loader.seen),
@@ -281,7 +292,8 @@ def run(cfg: TrainConfig) -> int:
             "byte_equivalent": len({r["final_param_sha256"] for r in per_rank}) == 1,
             "final_param_sha256": final_sha, "torch_version": torch.__version__, "dtype": dtype,
             "dtype_why": why, "threads": threads, "hosts": hosts, "data_digest": ds.digest,
-            "loss_first": loss_first, "loss_last": rank_summary["loss_last"], "comm": cfg.comm,
+            "loss_first": loss_first, "loss_last": rank_summary["loss_last"], **comm.summary(),
+            "bucket_cap_mb": cfg.bucket_cap_mb,
             "flops_per_token": fpt, "mfu": None,  # no known peak FLOP/s for a CPU
             "est_memory_bytes_per_rank": mem,
             "ranks": [{k: r.get(k) for k in ("rank", "host", "tokens_per_sec", "step_ms_p50", "loss_last")}
@@ -307,5 +319,15 @@ def main(argv=None) -> int:
     except D.RanksDisagree as e:
         print(f"ddplab: error: {e}", file=sys.stderr, flush=True)
         return 3
+    except Exception as e:
+        if not is_comm_failure(e) or not D.info().is_distributed:
+            raise
+        # a peer died, hung or became unreachable: one line naming it, no traceback, no cleanup
+        # (destroying a process group whose peer is gone can block)
+        master = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}".strip(":")
+        line = lost_peer_line(e, D.info().rank, _PEERS, master)
+        print(f"ddplab: error: {line}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     finally:
         D.cleanup()

@@ -89,7 +89,8 @@ def test_local_two_rank_preflight_passes_end_to_end(tmp_path):
     smoke = [_smoke(r, 2, port) for r in range(2)]
     fp = probe("fingerprint", "--data", str(shards), "--threads", "1", "--code", str(REPO / "nodeprobe"))
     common = {"resolve": probe("resolve"), "iface": probe("iface", "--master", "127.0.0.1"),
-              "lab_processes": probe("lab-processes", "--root", str(tmp_path / "lab")), "fingerprint": fp}
+              "lab_processes": probe("lab-processes", "--root", str(tmp_path / "lab"), "--shared"),
+              "fingerprint": fp}  # --shared: other labs' trainers may run on this machine meanwhile
     results = [_result(p, 60)[0] for p in smoke]
     listener = probe("listen", "--port", "0", "--seconds", "10", "--bind", "127.0.0.1", "--background")
     for h in hosts:

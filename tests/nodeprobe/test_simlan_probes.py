@@ -25,13 +25,14 @@ def test_one_way_firewall_is_named_on_the_blocking_host(simlan2, simlan_cluster,
     if shutil.which("ufw", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
         pytest.skip("ufw (Debian package ufw) is not installed")
     c = simlan2
+    a0, a1 = c.host("node0").addr, c.host("node1").addr  # 10.77.<lab>.10/.11
     try:
         r = _probe(c, "node1", "resolve")
-        assert r["hostname"] == "node1" and r["first"]["address"] == "10.77.0.11" and not r["any_loopback"]
-        i1 = _probe(c, "node1", "iface", "--master", "10.77.0.10")
-        assert (i1["dev"], i1["src"], i1["same_subnet"]) == ("eth0", "10.77.0.11", True)
+        assert r["hostname"] == "node1" and r["first"]["address"] == a1 and not r["any_loopback"]
+        i1 = _probe(c, "node1", "iface", "--master", a0)
+        assert (i1["dev"], i1["src"], i1["same_subnet"]) == ("eth0", a1, True)
         assert i1["is_master"] is False
-        i0 = _probe(c, "node0", "iface", "--master", "10.77.0.10")
+        i0 = _probe(c, "node0", "iface", "--master", a0)
         assert (i0["dev"], i0["is_master"], i0["same_subnet"]) == ("eth0", True, True)
 
         c.exec("node1", ["sh", "-c", "ufw default deny incoming && ufw allow 22/tcp && ufw --force enable"],
@@ -39,9 +40,9 @@ def test_one_way_firewall_is_named_on_the_blocking_host(simlan2, simlan_cluster,
         ports = {h: _probe(c, h, "listen", "--seconds", "20", "--background")["port"]
                  for h in ("node0", "node1")}
         inp = tmp_path / "in"
-        inv = {"master_port": 29500, "hosts": {"node0": {"rank": 0, "addr": "10.77.0.10", "master": True},
-                                               "node1": {"rank": 1, "addr": "10.77.0.11"}}}
-        for src, dst, addr in (("node0", "node1", "10.77.0.11"), ("node1", "node0", "10.77.0.10")):
+        inv = {"master_port": 29500, "hosts": {"node0": {"rank": 0, "addr": a0, "master": True},
+                                               "node1": {"rank": 1, "addr": a1}}}
+        for src, dst, addr in (("node0", "node1", a1), ("node1", "node0", a0)):
             res = _probe(c, src, "connect", "--timeout", "2", "--target", f"{dst}={addr}:{ports[dst]}")
             (inp / src).mkdir(parents=True)
             (inp / src / "tcp_peers.json").write_text(json.dumps(res))
@@ -51,13 +52,13 @@ def test_one_way_firewall_is_named_on_the_blocking_host(simlan2, simlan_cluster,
         v = json.loads(out.read_text())
         assert [(f["host"], f["check"]) for f in v["failures"]] == [("node1", "tcp_peers")]
         assert "timed out" in v["failures"][0]["detail"]
-        assert v["failures"][0]["fix"] == "sudo ufw allow from 10.77.0.10  # on node1"
+        assert v["failures"][0]["fix"] == f"sudo ufw allow from {a0}  # on node1"
         assert v["hosts"]["node0"]["tcp_peers"]["status"] == "ok"  # node1 -> node0 works
 
         # apply the fix the verdict printed, inside node1: the connection now passes
-        c.exec("node1", ["ufw", "allow", "from", "10.77.0.10"], timeout=60, check=True)
+        c.exec("node1", ["ufw", "allow", "from", a0], timeout=60, check=True)
         res = _probe(c, "node0", "connect", "--timeout", "2",
-                     "--target", f"node1=10.77.0.11:{ports['node1']}")
+                     "--target", f"node1={a1}:{ports['node1']}")
         assert res["targets"]["node1"]["ok"] and res["targets"]["node1"]["nodeprobe_listener"]
     finally:
         simlan_cluster.discard()

@@ -2,7 +2,10 @@
 
 Usage: run_status.py RUN_DIR SOCKET SESSION. state is one of: not-started (no run folder), running,
 exited (with code), lost (no exit code and no live tmux pane: the rank was killed with its session).
-Standard library only.
+Also: code_time (mtime of exit_code), log_time (of launch.log), metrics_time (of the newest metrics
+line's file), now (this node's clock, to compare), last_lines (the log's last lines), error (the last
+`ddplab: error:` line) and lost_peer (that line says this rank lost a peer: it is a victim, not the
+cause). Standard library only.
 """
 
 import glob
@@ -10,6 +13,23 @@ import json
 import os
 import subprocess
 import sys
+import time
+
+
+def mtime(path):
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return None
+
+
+def tail_lines(path, n):
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 65536))
+            return [ln[-300:] for ln in f.read().decode(errors="replace").splitlines() if ln.strip()][-n:]
+    except OSError:
+        return []
 
 
 def last_line(path, want_json=False):
@@ -32,7 +52,8 @@ def last_line(path, want_json=False):
 def main():
     run_dir, socket, session = sys.argv[1:4]
     res = {"state": "not-started", "code": None, "step": None, "loss": None, "tokens_per_sec": None,
-           "last_line": "", "pane": None}
+           "last_line": "", "pane": None, "code_time": None, "log_time": None, "metrics_time": None,
+           "now": time.time(), "last_lines": [], "error": None, "lost_peer": False}
     if not os.path.isdir(run_dir):
         print(json.dumps(res))
         return
@@ -53,7 +74,18 @@ def main():
         rec = last_line(path, want_json=True)
         if rec and (res["step"] is None or rec.get("step", -1) >= res["step"]):
             res.update(step=rec.get("step"), loss=rec.get("loss"), tokens_per_sec=rec.get("tokens_per_sec"))
-    res["last_line"] = (last_line(os.path.join(run_dir, "launch.log")) or "")[-300:]
+        res["metrics_time"] = max(filter(None, [res["metrics_time"], mtime(path)]), default=None)
+    log = os.path.join(run_dir, "launch.log")
+    res["last_line"] = (last_line(log) or "")[-300:]
+    res["code_time"], res["log_time"] = mtime(os.path.join(run_dir, "exit_code")), mtime(log)
+    res["last_lines"] = tail_lines(log, 6)
+    lines = tail_lines(log, 400)
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("ddplab: run ")]  # launch.sh's first line
+    errors = [ln for ln in lines[starts[-1] if starts else 0:] if "ddplab: error:" in ln]
+    if errors:
+        res["error"] = errors[-1][errors[-1].index("ddplab: error:"):]
+        res["lost_peer"] = "lost peer" in res["error"] or "lost a peer" in res["error"] or \
+            "lost contact with the other ranks" in res["error"]
     print(json.dumps(res))
 
 

@@ -1,0 +1,146 @@
+"""The scaling lab's report: every number in it follows from the JSONL it was built from."""
+
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import scaling_report  # noqa: E402
+
+RATE = 1e9
+TOKENS = 1024
+
+
+def write_run(root: Path, label: str, nodes: int, per_node: int, comm: str, steps: int, rng: random.Random,
+              warmup=2, skip=0, threads=1, cores=1, nbytes=43_000_000):
+    d = root / "raw" / "small" / label
+    node0 = d / ("local" if nodes == 1 and per_node > 1 else "node0")
+    node0.mkdir(parents=True)
+    ranks = nodes * per_node
+    recs = []
+    for step in range(1, steps + 1):
+        dt = rng.uniform(800, 1200) * (1 if ranks == 1 else 1.3)
+        ar = 0.0 if ranks == 1 else rng.uniform(200, 500)
+        exposed = 0.0 if ranks == 1 else rng.uniform(10, 100)
+        used = comm if comm != "auto" else ("fp32" if step <= skip else "powersgd")
+        recs.append({"step": step, "loss": 5.0 - step * 0.1 + rng.random() * 0.01, "dt_ms": dt,
+                     "tokens": TOKENS * ranks, "tokens_per_sec": TOKENS * ranks / dt * 1e3,
+                     "compute_ms": dt - exposed, "allreduce_ms": ar, "exposed_ms": exposed,
+                     "allreduce_bytes": 0 if ranks == 1 else nbytes, "buckets": 2, "comm": used, "lr": 1e-3})
+    (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": warmup, "threads_resolved": threads,
+                                                   "depth": 6, "n_embd": 384, "n_head": 6, "seq_len": 128,
+                                                   "batch_size": 8}))
+    (node0 / "summary.json").write_text(json.dumps({"params": 10_814_208, "comm": comm,
+                                                    "comm_chosen": "powersgd" if comm == "auto" else comm,
+                                                    "comm_timing_skip_steps": skip}))
+    run = {"nodes": nodes, "ranks_per_node": per_node, "comm": comm, "cores_per_node": cores, "where": "x"}
+    if nodes == 1 and per_node > 1:
+        run["rank0_dir"] = "local"
+    (d / "run.json").write_text(json.dumps(run))
+    return recs
+
+
+@pytest.fixture
+def bench(tmp_path):
+    rng = random.Random(7)
+    recs = {
+        "1x1": write_run(tmp_path, "1x1", 1, 1, "fp32", 12, rng),
+        "1x2": write_run(tmp_path, "1x2", 1, 2, "fp32", 12, rng, cores=2),
+        "2x1-fp32": write_run(tmp_path, "2x1-fp32", 2, 1, "fp32", 12, rng),
+        "2x1-bf16": write_run(tmp_path, "2x1-bf16", 2, 1, "bf16", 12, rng, nbytes=21_500_000),
+        "2x1-auto": write_run(tmp_path, "2x1-auto", 2, 1, "auto", 12, rng, skip=7),
+        "2x1-threads": write_run(tmp_path, "2x1-threads", 2, 1, "fp16", 12, rng, threads=2),
+    }
+    (tmp_path / "meta.json").write_text(json.dumps({"id": "t", "nodes": 2, "rate": "1gbit", "rate_bps": RATE,
+                                                    "via": "test", "machine": {"logical_cpus": 2,
+                                                                               "physical_cores": 2}}))
+    (tmp_path / "probe").mkdir()
+    for r in (0, 1):
+        (tmp_path / "probe" / f"gloo_smoke.rank{r}.json").write_text(json.dumps({
+            "ok": True, "world": 2, "rank": r,
+            "bandwidth": {"bytes": 64 << 20, "median_s": 0.56, "busbw_gbit_s": 0.958,
+                          "algbw_gbit_s": 0.958}}))
+    return tmp_path, recs
+
+
+def test_rows_follow_from_the_jsonl(bench):
+    root, recs = bench
+    rep = scaling_report.build(scaling_report.collect(root))
+    rows = {r["label"]: r for r in rep["sizes"]["small"]["rows"]}
+    assert set(rows) == set(recs)
+
+    def tps(label, skip):
+        timed = recs[label][skip:]
+        return sum(r["tokens"] for r in timed) / (sum(r["dt_ms"] for r in timed) / 1e3)
+
+    base = tps("1x1", 2)
+    for label, row in rows.items():
+        skip = 7 if label == "2x1-auto" else 2
+        timed = recs[label][skip:]
+        ranks = row["ranks"]
+        assert row["timed_steps"] == len(timed)
+        assert row["tokens_per_sec"] == pytest.approx(tps(label, skip))
+        assert row["speedup"] == pytest.approx(tps(label, skip) / base)
+        assert row["efficiency"] == pytest.approx(tps(label, skip) / base / ranks)
+        for key, field in (("step_ms", "dt_ms"), ("compute_ms", "compute_ms"),
+                           ("allreduce_ms", "allreduce_ms"), ("exposed_ms", "exposed_ms")):
+            assert row[key] == pytest.approx(statistics.median(r[field] for r in timed))
+        assert row["loss_last"] == timed[-1]["loss"]
+        if ranks > 1:
+            ar_s = statistics.median(r["allreduce_ms"] for r in timed) / 1e3
+            nbytes = timed[-1]["allreduce_bytes"]
+            assert row["busbw_gbit_s"] == pytest.approx(2 * (ranks - 1) / ranks * nbytes * 8 / ar_s / 1e9)
+            assert row["alpha"] == pytest.approx(sum(r["allreduce_ms"] for r in timed) /
+                                                 sum(r["compute_ms"] for r in timed))
+        if row["nodes"] > 1:
+            limit_s = 2 * (ranks - 1) / ranks * row["allreduce_bytes"] * 8 / RATE
+            assert row["limit_ms"] == pytest.approx(limit_s * 1e3)
+            assert row["link_pct"] == pytest.approx(100 * limit_s / ar_s)
+        else:
+            assert row["link_pct"] is None  # loopback: no link to compare with
+    assert rows["2x1-auto"]["comm_chosen"] == "powersgd"
+    e = rep["sizes"]["small"]
+    alpha = rows["2x1-fp32"]["alpha"]
+    assert e["alpha"] == alpha
+    assert e["predicted_speedup"][4] == pytest.approx(4 / (1 + 3 * alpha))
+    auto, fp32 = rows["2x1-auto"]["tokens_per_sec"], rows["2x1-fp32"]["tokens_per_sec"]
+    assert e["auto_vs_fp32"] == pytest.approx(auto / fp32)
+    assert e["loss_curves"]["2x1-bf16"] == [(r["step"], r["loss"]) for r in recs["2x1-bf16"]]
+    p = rep["probe"]
+    assert p["link_pct"] == pytest.approx(100 * (64 << 20) * 8 / RATE / 0.56)
+
+
+def test_report_files_show_the_same_numbers(bench):
+    root, _ = bench
+    rep = scaling_report.build(scaling_report.collect(root))
+    scaling_report.write(rep, root)
+    on_disk = json.loads((root / "report.json").read_text())
+    md = (root / "report.md").read_text()
+    for row in on_disk["sizes"]["small"]["rows"]:
+        assert f"| {row['label']} |" in md and f"| {row['tokens_per_sec']:.1f} |" in md
+        if row["link_pct"] is not None:
+            assert f"| {row['link_pct']:.1f} |" in md
+    assert f"{on_disk['probe']['link_pct']:.1f} % of the link limit" in md
+    for png in ("scaling.png", "loss.png"):
+        head = (root / png).read_bytes()[:8]
+        assert head == b"\x89PNG\r\n\x1a\n"
+
+
+def test_threads_beyond_the_cores_of_a_node_are_noted(bench):
+    root, _ = bench
+    notes = scaling_report.build(scaling_report.collect(root))["notes"]
+    assert any(n.startswith("2x1-threads:") and "oversubscribed" in n for n in notes)
+    assert not any(n.startswith(("1x1:", "1x2:", "2x1-fp32:")) for n in notes)
+
+
+def test_cli_refuses_a_folder_without_runs(tmp_path, capsys):
+    assert scaling_report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddplab: error:")

@@ -1,0 +1,160 @@
+"""Bring your own training code (issue 7) on 2 simulated hosts: the field notes' dist_train.py launched
+unchanged through launch.yml, code parity in preflight, the torch pin against a user's requirements,
+and several ranks per node.
+
+One cluster serves the module (tests run in file order; the tamper test relies on the first run's sync);
+the last test discards it.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "orchestrator"))
+from orch_helpers import make_shards, playbook, tail  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.simlan]
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 30}
+HOSTS = ("node0", "node1")
+
+
+def git(cwd, *args):
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    shards = make_shards(tmp_path_factory.getbasetemp() / "shards")
+    runs = tmp_path_factory.mktemp("byo-runs")
+    return {"ddplab_data_dir": shards, "ddplab_runs_dir": runs, **COMMON}
+
+
+@pytest.fixture(scope="module")
+def seed_repo(tmp_path_factory):
+    """The unchanged seed in a git repo, plus an ignored file that must not travel."""
+    repo = tmp_path_factory.mktemp("seed-repo")
+    shutil.copy(FIXTURES / "seed_code" / "dist_train.py", repo / "dist_train.py")
+    (repo / ".gitignore").write_text("*.secret\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "dist_train.py", ".gitignore")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "seed")
+    (repo / "notes.secret").write_text("stays on the control host\n")
+    return repo
+
+
+def node_python(cluster, host):
+    return cluster.exec(host, ["cat", "/root/ddplab/python"], timeout=30, check=True).stdout.strip()
+
+
+def torch_version(cluster, host, python):
+    code = "import torch; print(torch.__version__.split('+')[0])"
+    return cluster.exec(host, [python, "-c", code], timeout=120, check=True).stdout.strip()
+
+
+def test_1_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_repo):
+    seed = (FIXTURES / "seed_code" / "dist_train.py").read_bytes()
+    extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-seed", "ddplab_code_dir": seed_repo,
+             "ddplab_entrypoint": "dist_train.py"}
+    # torchrun's own per-rank log files (PET_* = torchrun flags from the environment) stand in for
+    # files a user's code writes; ddplab_collect_globs brings them back.
+    more = {"ddplab_env": {"PET_LOG_DIR": "torchrun-logs", "PET_TEE": "3"},
+            "ddplab_collect_globs": ["torchrun-logs/**/stdout.log"]}
+    proc = playbook("launch.yml", "-e", json.dumps(more), inventory=simlan2.inventory_dir, timeout=600,
+                    extra=extra)
+    assert proc.returncode == 0, tail(proc)
+
+    run = lab["ddplab_runs_dir"] / "byo-seed"
+    for host, rank in zip(HOSTS, (0, 1), strict=True):
+        log = (run / host / "launch.log").read_text()
+        assert f"rank {rank} exited with code 0" in log
+        assert "dist_train.py" in (run / host / "launch.sh").read_text()
+        assert (run / host / "pane.txt").read_text().count("exited with code 0") == 1
+        collected = list((run / host / "torchrun-logs").rglob("stdout.log"))
+        assert collected, f"no torchrun-logs collected from {host}"
+        # the node got the tracked files only, byte for byte
+        user = simlan2.exec(host, ["ls", "-A", "/root/ddplab/code/user"], timeout=30, check=True)
+        assert sorted(user.stdout.split()) == [".gitignore", "dist_train.py"]
+        copy = simlan2.exec(host, ["cat", "/root/ddplab/code/user/dist_train.py"], timeout=30, check=True)
+        assert copy.stdout.encode() == seed
+    pane0 = (run / "node0" / "pane.txt").read_text()
+    assert "epoch 2 loss" in pane0 and "epoch 2 loss" in (run / "node0" / "launch.log").read_text()
+    assert any("epoch 2 loss" in p.read_text() for p in (run / "node0" / "torchrun-logs").rglob("stdout.log"))
+
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["exit_codes"] == {"node0/node0": 0, "node1/node1": 0}
+    assert summary["has_metrics"] is False and not (run / "loss.png").exists()
+    assert summary["code_identical"] is True
+    trees = {t["dest"]: t for t in summary["code"]["node0"]["trees"]}
+    assert trees["user"]["git_commit"] == git(seed_repo, "rev-parse", "HEAD")
+    assert trees["user"]["git_dirty"] is False and trees["user"]["method"] == "git ls-files"
+    assert "identical on every node" in (run / "report.md").read_text()
+
+
+def test_2_code_changed_on_one_node_after_sync_fails_preflight(simlan2, lab, seed_repo):
+    extra = {**lab, "ddplab_code_dir": seed_repo, "ddplab_entrypoint": "dist_train.py"}
+    simlan2.exec("node1", ["bash", "-c", "echo '# local tweak' >> /root/ddplab/code/user/dist_train.py"],
+                 timeout=30, check=True)
+    proc = playbook("preflight.yml", inventory=simlan2.inventory_dir, timeout=300, extra=extra)
+    assert proc.returncode != 0, tail(proc)
+    verdict = (lab["ddplab_runs_dir"] / "preflight" / "latest.json").read_text()
+    assert "user/ differs from node0" in verdict and "sync user/ to node1" in verdict, tail(proc)
+    assert "sync user/ to node0" not in verdict
+
+    fixed = playbook("prepare.yml", "--tags", "code", inventory=simlan2.inventory_dir, timeout=300,
+                     extra=extra)
+    assert fixed.returncode == 0, tail(fixed)
+    again = playbook("preflight.yml", inventory=simlan2.inventory_dir, timeout=300, extra=extra)
+    assert again.returncode == 0, tail(again)
+
+
+def test_3_requirements_asking_for_another_torch_are_refused(simlan2, lab, tmp_path):
+    code = tmp_path / "code"
+    shutil.copytree(FIXTURES / "rank_probe", code)
+    (code / "requirements.txt").write_text("numpy\ntorch==2.1.0\n")
+    before = {h: (node_python(simlan2, h), torch_version(simlan2, h, node_python(simlan2, h))) for h in HOSTS}
+    proc = playbook("prepare.yml", inventory=simlan2.inventory_dir, timeout=300,
+                    extra={**lab, "ddplab_code_dir": code, "ddplab_entrypoint": "probe/__main__.py",
+                           "ddplab_pip_requirements": "requirements.txt"})
+    assert proc.returncode != 0
+    assert f"ddplab: error: {code}/requirements.txt line 2 asks for torch==2.1.0" in proc.stdout, tail(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    for host in HOSTS:
+        python, version = before[host]
+        assert node_python(simlan2, host) == python
+        assert torch_version(simlan2, host, python) == version == "2.13.0"
+        assert simlan2.exec(host, ["test", "-e", "/root/ddplab/venv-code"], timeout=30).returncode != 0
+
+
+def test_4_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_cluster):
+    try:
+        code = tmp_path / "code"
+        shutil.copytree(FIXTURES / "rank_probe", code)
+        extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-nproc", "ddplab_code_dir": code,
+                 "ddplab_nproc_per_node": 2, "ddplab_pip_requirements": "requirements.txt"}
+        # values with spaces go as JSON (-e k=v splits on spaces)
+        more = {"ddplab_entrypoint": "-m probe", "ddplab_entrypoint_args": ["--tag", "two words"],
+                "ddplab_collect_globs": ["out/*.txt"]}
+        proc = playbook("launch.yml", "-e", json.dumps(more), inventory=simlan2.inventory_dir, timeout=600,
+                        extra=extra)
+        assert proc.returncode == 0, tail(proc)
+        run = lab["ddplab_runs_dir"] / "byo-nproc"
+        for host, ranks in (("node0", (0, 1)), ("node1", (2, 3))):
+            log = (run / host / "launch.log").read_text()
+            for rank in ranks:
+                line = (f"probe rank {rank} world_size 4 local_rank {rank % 2} sum 10 "
+                        "tag 'two words' numpy_ok True")
+                assert line in log
+                assert (run / host / "out" / f"rank{rank}.txt").read_text().strip() == line
+            # the ranks ran in the code venv layered on the pinned Python, torch untouched
+            assert node_python(simlan2, host) == "/root/ddplab/venv-code/bin/python"
+            assert torch_version(simlan2, host, "/root/ddplab/venv-code/bin/python") == "2.13.0"
+        assert json.loads((run / "summary.json").read_text())["all_exited_zero"] is True
+    finally:
+        simlan_cluster.discard()  # ufw enabled, lab folders written: the next module gets fresh hosts

@@ -1,0 +1,163 @@
+"""Gradient communication options (--comm): real 2-rank gloo runs, and auto's decision rule."""
+
+import json
+import math
+
+import pytest
+from conftest import TINY, read_jsonl, torchrun, trainer
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+from trainer.comm import AUTO_CANDIDATES, decide
+from trainer.model import GPT, GPTConfig
+
+STEPS = 10
+PSGD_RANK, PSGD_START = 2, 3
+# several buckets (the model's 328 KB of gradients in 0.1 MiB buckets): PowerSGD on gloo hung with
+# more than one bucket in flight before trainer/comm.py ran one bucket's chain at a time
+ARGS = ["--steps", STEPS, *TINY, "--powersgd-rank", PSGD_RANK, "--powersgd-start-step", PSGD_START,
+        "--timing-warmup-steps", 1, "--auto-trial-steps", 2, "--bucket-cap-mb", 0.1, "--pg-timeout-s", 30]
+
+
+@pytest.fixture(scope="module")
+def runs(shards, tmp_path_factory):
+    """One 2-rank run per option: {option: (out dir, CompletedProcess)}."""
+    done = {}
+    for comm in ("fp32", "bf16", "fp16", "powersgd", "auto"):
+        out = tmp_path_factory.mktemp(f"comm_{comm}") / "out"
+        r = torchrun(["--data", shards, "--out", out, "--comm", comm, *ARGS])
+        assert r.returncode == 0, f"--comm {comm}: {r.stderr[-3000:]}"
+        done[comm] = (out, r)
+    return done
+
+
+def summary(out, rank=None):
+    name = "summary.json" if rank is None else f"summary.rank{rank}.json"
+    return json.loads((out / name).read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("comm", ["fp32", "bf16", "fp16", "powersgd", "auto"])
+def test_every_option_trains_and_keeps_ranks_byte_identical(runs, comm):
+    out, r = runs[comm]
+    assert r.stdout.strip().splitlines()[-1] == "ddplab: done"
+    s = summary(out)
+    assert s["comm"] == comm and s["byte_equivalent"] is True
+    assert summary(out, 0)["final_param_sha256"] == summary(out, 1)["final_param_sha256"]
+    losses = [rec["loss"] for rec in read_jsonl(out / "metrics.rank0.jsonl")]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    for rank in (0, 1):
+        recs = read_jsonl(out / f"metrics.rank{rank}.jsonl")
+        assert all(rec["allreduce_ms"] > 0 and rec["buckets"] >= 1 for rec in recs)
+        assert all(rec["buckets"] >= 3 for rec in recs[1:])  # after DDP rebuilt its buckets at step 1
+
+
+@pytest.mark.slow
+def test_each_hook_changes_what_is_applied(runs):
+    """Compression is lossy: each option ends at its own parameters (the hook really ran)."""
+    shas = {c: summary(out)["final_param_sha256"] for c, (out, _) in runs.items() if c != "auto"}
+    assert len(set(shas.values())) == len(shas), shas
+
+
+@pytest.mark.slow
+def test_bytes_counted_are_what_each_option_sends(runs):
+    fp32 = read_jsonl(runs["fp32"][0] / "metrics.rank0.jsonl")
+    full = fp32[-1]["allreduce_bytes"]
+    n_params = sum(p.numel() for p in GPT(GPTConfig(seq_len=32, n_layer=1, n_embd=64, n_head=1)).parameters())
+    assert full == 4 * n_params and all(rec["allreduce_bytes"] == full for rec in fp32)
+    for half in ("bf16", "fp16"):
+        recs = read_jsonl(runs[half][0] / "metrics.rank0.jsonl")
+        assert all(rec["allreduce_bytes"] == full // 2 for rec in recs)
+    # PowerSGD: plain all-reduces until its start step, then P and Q factors (+ uncompressed tensors),
+    # counted here independently with torch's own compression rule
+    model = GPT(GPTConfig(seq_len=32, n_layer=1, n_embd=64, n_head=1))
+    numel = 0
+    for p in model.parameters():
+        n, m = p.shape[0], p.numel() // p.shape[0]
+        r = min(n, m, PSGD_RANK)
+        numel += (n + m) * r if _should_compress(n, m, r, 2)[0] else n * m
+    psgd = read_jsonl(runs["powersgd"][0] / "metrics.rank0.jsonl")
+    assert [rec["allreduce_bytes"] for rec in psgd[:PSGD_START]] == [full] * PSGD_START
+    assert [rec["allreduce_bytes"] for rec in psgd[PSGD_START:]] == [4 * numel] * (STEPS - PSGD_START)
+    assert 4 * numel < full / 4
+
+
+@pytest.mark.slow
+def test_auto_tries_each_candidate_in_lockstep_then_keeps_its_choice(runs):
+    out, r = runs["auto"]
+    s = summary(out)
+    choice = s["comm_chosen"]
+    assert choice in AUTO_CANDIDATES and s["comm_auto"]["choice"] == choice
+    plan = ["fp32"] + [c for c in AUTO_CANDIDATES for _ in range(2)]
+    seqs = [[rec["comm"] for rec in read_jsonl(out / f"metrics.rank{k}.jsonl")] for k in (0, 1)]
+    assert seqs[0] == seqs[1] == plan + [choice] * (STEPS - len(plan))
+    why = [ln for ln in r.stdout.splitlines() if ln.startswith("ddplab: comm auto: ")]
+    assert len(why) == 1 and f"-> {choice}:" in why[0]
+    for c in AUTO_CANDIDATES:
+        assert f"{c} " in why[0] and c in s["comm_auto"]["options"]
+    # the run's timing leaves the trial out: only steps with the chosen option count
+    assert summary(out, 0)["timed_steps"] == STEPS - len(plan)
+    assert s["comm_timing_skip_steps"] == len(plan)
+
+
+def test_auto_alone_is_plain_training(shards, tmp_path):
+    r = trainer(["--data", shards, "--out", tmp_path / "o", "--steps", 3, *TINY, "--comm", "auto"])
+    assert r.returncode == 0, r.stderr
+    s = summary(tmp_path / "o")
+    assert (s["comm"], s["comm_chosen"], s["comm_auto"]) == ("auto", "none", None)
+
+
+def trial(comm, dts, compute=80.0, allreduce=10.0, nbytes=1000):
+    return [{"comm": comm, "dt_ms": dt, "compute_ms": compute, "allreduce_ms": allreduce, "bytes": nbytes}
+            for dt in dts]
+
+
+def test_decide_prefers_the_most_exact_option_unless_a_lossier_one_is_clearly_faster():
+    ranks = [trial("fp32", [100, 100]) + trial("bf16", [97, 97]) + trial("powersgd", [70, 70])]
+    d = decide(ranks, tokens_per_step=1000)
+    assert d["choice"] == "powersgd" and d["speedup_vs_fp32"] == pytest.approx(100 / 70, rel=1e-3)
+    ranks = [trial("fp32", [100, 100]) + trial("bf16", [97, 97]) + trial("powersgd", [98, 98])]
+    assert decide(ranks, tokens_per_step=1000)["choice"] == "fp32"  # 3 % is noise, not worth the loss
+    ranks = [trial("fp32", [100]) + trial("bf16", [80]) + trial("powersgd", [78])]
+    assert decide(ranks, tokens_per_step=1000)["choice"] == "bf16"  # powersgd only 2.5 % over bf16
+
+
+def test_decide_uses_the_slowest_rank_and_reports_alpha():
+    fast = trial("fp32", [100]) + trial("bf16", [60]) + trial("powersgd", [90])
+    slow = trial("fp32", [100]) + trial("bf16", [150], allreduce=60) + trial("powersgd", [90])
+    d = decide([fast, slow], tokens_per_step=500)
+    assert d["choice"] == "powersgd"
+    assert d["options"]["bf16"]["tokens_per_sec"] == pytest.approx(500 / 0.150, rel=1e-3)
+    assert d["options"]["bf16"]["alpha"] == pytest.approx((10 + 60) / 160, abs=1e-3)
+    assert "-> powersgd:" in d["why"]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--powersgd-rank", "0"], "--powersgd-rank"),
+    (["--powersgd-start-step", "1"], "--powersgd-start-step"),
+    (["--auto-trial-steps", "0"], "--auto-trial-steps"),
+])
+def test_bad_comm_settings_are_refused(flags, needle):
+    from trainer.config import UsageError, parse_config
+
+    with pytest.raises(UsageError, match=needle):
+        parse_config(["--data", "d", "--out", "o", *flags])
+
+
+def test_a_bad_comm_setting_is_one_line_and_exit_2(shards, tmp_path):
+    r = trainer(["--data", shards, "--out", tmp_path / "o", "--steps", 2, *TINY, "--powersgd-rank", "0"])
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ddplab: error: --powersgd-rank")
+    assert not (tmp_path / "o").exists()
+
+
+def test_comm_flags_map_onto_the_config():
+    from trainer.config import parse_config
+
+    base = ["--data", "d", "--out", "o"]
+    c = parse_config(base)
+    assert (c.comm, c.powersgd_warm_start, c.powersgd_rank, c.bucket_cap_mb) == ("fp32", True, 4, 25.0)
+    c = parse_config([*base, "--comm", "powersgd", "--powersgd-rank", "8", "--no-powersgd-warm-start",
+                      "--bucket-cap-mb", "4"])
+    assert (c.comm, c.powersgd_warm_start, c.powersgd_rank, c.bucket_cap_mb) == ("powersgd", False, 8, 4.0)
+    assert parse_config([*base, "--powersgd-warm-start"]).powersgd_warm_start is True
