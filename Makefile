@@ -6,7 +6,7 @@ DATA   ?= data/shards
 STEPS  ?= 50
 DEPTH  ?= 2
 
-.PHONY: help setup lint test test-fast data train demo follow bench clean
+.PHONY: help setup lint test test-fast data train demo follow bench bench-trainer bench-preflight clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -46,5 +46,11 @@ demo: data  ## Fresh machine: setup, default data, a 2-rank launch on this machi
 follow:  ## Live view of every node's tmux pane (INV=inventory/simlan)
 	$(BIN)/python -m ddplab follow -i $(or $(INV),inventory/local)
 
-bench: data  ## Benchmarks (numbers printed and written under bench/results/)
+bench: data  ## Scaling lab on 2 simulated hosts at 1 Gbit/s (root, ~25 min): runs/bench-<id>/report.md
+	$(BIN)/python bench/scaling_lab.py --nodes 2 --rate 1gbit
+
+bench-trainer: setup  ## 1 vs 2 ranks on this machine against a textbook DDP loop
 	$(BIN)/python bench/trainer_scaling.py
+
+bench-preflight: setup  ## Preflight wall time, healthy and per fault, on simulated hosts (root)
+	$(BIN)/python bench/preflight_bench.py

@@ -64,7 +64,8 @@ def test_1_launch_trains_across_hosts_and_kills_the_port_squatter(simlan2, lab):
 
 
 def test_2_ufw_allows_exactly_the_peers(simlan2, lab):
-    for host, peer in (("node0", "10.77.0.11"), ("node1", "10.77.0.10")):
+    addr = {h.name: h.addr for h in simlan2.hosts}
+    for host, peer in (("node0", addr["node1"]), ("node1", addr["node0"])):
         status = simlan2.exec(host, ["ufw", "status"], timeout=30, check=True).stdout
         assert "Status: active" in status
         rules = [line.split() for line in status.splitlines()[4:] if line.strip()]

@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simlan.network import host_addr
+
+A0, A1 = host_addr(0), host_addr(1)  # 10.77.<lab>.10/.11
+
 pytestmark = pytest.mark.simlan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +32,7 @@ def test_each_host_has_its_own_name_and_etc_hosts(simlan2):
         # The hostname resolves to the LAN address, not loopback (gloo depends on it).
         assert out[2].split() == [h.addr, h.name]
     hosts_file = simlan2.exec("node1", ["cat", "/etc/hosts"], check=True).stdout
-    assert "10.77.0.10\tnode0" in hosts_file and "10.77.0.11\tnode1" in hosts_file
+    assert f"{A0}\tnode0" in hosts_file and f"{A1}\tnode1" in hosts_file
     assert "node1" not in Path("/etc/hosts").read_text().split()
 
 
@@ -73,7 +77,7 @@ def test_hosts_reach_each_other_over_tcp(simlan2):
     port = 47000 + os.getpid() % 1000
     server = textwrap.dedent(f"""
         import socket
-        s = socket.create_server(("10.77.0.11", {port}))
+        s = socket.create_server(("{A1}", {port}))
         s.settimeout(20)
         print("listening", flush=True)
         conn, (peer, _) = s.accept()
@@ -82,14 +86,14 @@ def test_hosts_reach_each_other_over_tcp(simlan2):
     """)
     client = textwrap.dedent(f"""
         import socket
-        with socket.create_connection(("10.77.0.11", {port}), timeout=10) as c:
+        with socket.create_connection(("{A1}", {port}), timeout=10) as c:
             print(c.recv(100).decode())
     """)
     listener = simlan2.popen("node1", [simlan2.python, "-c", server], stdout=subprocess.PIPE, text=True)
     try:
         assert listener.stdout.readline().strip() == "listening"
         got = simlan2.exec("node0", [simlan2.python, "-c", client], timeout=30, check=True).stdout.strip()
-        assert got == "node1 saw 10.77.0.10"
+        assert got == f"node1 saw {A0}"
         assert listener.wait(timeout=20) == 0
     finally:
         listener.kill()
@@ -110,9 +114,9 @@ def test_inventory_follows_the_contract(simlan2):
     tree = yaml.safe_load((inv / "hosts.yml").read_text())
     nodes = tree["all"]["children"]["ddplab_nodes"]["children"]
     assert nodes["ddplab_master"]["hosts"] == {
-        "node0": {"ansible_host": "10.77.0.10", "ddplab_addr": "10.77.0.10", "ddplab_node_rank": 0}}
+        "node0": {"ansible_host": A0, "ddplab_addr": A0, "ddplab_node_rank": 0}}
     assert nodes["ddplab_workers"]["hosts"] == {
-        "node1": {"ansible_host": "10.77.0.11", "ddplab_addr": "10.77.0.11", "ddplab_node_rank": 1}}
+        "node1": {"ansible_host": A1, "ddplab_addr": A1, "ddplab_node_rank": 1}}
     gv = yaml.safe_load((inv / "group_vars/all/simlan.yml").read_text())
     assert gv["ansible_user"] == "root" and gv["ddplab_simlan"] is True
     assert "UserKnownHostsFile=/dev/null" in gv["ansible_ssh_common_args"]

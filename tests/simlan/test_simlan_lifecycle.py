@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from simlan import cluster as simlan
-from simlan.network import BRIDGE, netns_exists
+from simlan.network import BRIDGE, host_addr, netns_exists
 from simlan.system import is_alive, missing_tools
 
 pytestmark = pytest.mark.simlan
@@ -51,12 +51,12 @@ def test_ufw_in_a_host_does_not_touch_the_real_firewall(simlan2, simlan_cluster)
     real_files = [*Path("/etc/ufw").rglob("*"), Path("/etc/default/ufw")]
     before_rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30).stdout
     before_files = _digest(real_files)
-    listener = _listen(simlan2, "node1", "10.77.0.11", PORT)
+    listener = _listen(simlan2, "node1", host_addr(1), PORT)
     try:
-        assert _connects(simlan2, "node0", "10.77.0.11", PORT)  # open before ufw
+        assert _connects(simlan2, "node0", host_addr(1), PORT)  # open before ufw
         simlan2.exec("node1", ["sh", "-c", "ufw default deny incoming && ufw allow 22/tcp && "
                                "ufw --force enable"], timeout=60, check=True)
-        assert not _connects(simlan2, "node0", "10.77.0.11", PORT)  # dropped by node1's ufw
+        assert not _connects(simlan2, "node0", host_addr(1), PORT)  # dropped by node1's ufw
         ssh = subprocess.run(simlan2.ssh_argv("node1", "hostname"), capture_output=True, text=True,
                              timeout=30)
         assert ssh.stdout.strip() == "node1", ssh.stderr  # ssh stays allowed
@@ -86,7 +86,7 @@ def test_link_shaping_and_cpu_placement(simlan_cluster):
 
 def test_sshd_stop_and_start(simlan2, simlan_cli):
     assert simlan_cli("sshd", "node1", "stop").returncode == 0
-    assert not simlan.ssh_answers("10.77.0.11", timeout=1)
+    assert not simlan.ssh_answers(host_addr(1), timeout=1)
     status = simlan_cli("status")
     assert status.returncode == 1 and "stopped" in status.stdout
     assert simlan2.exec("node1", ["hostname"]).stdout.strip() == "node1"  # the host itself is fine
@@ -104,7 +104,7 @@ def test_kill_host_ends_every_process_of_that_host(simlan2, simlan_cluster, siml
         assert proc.returncode == 0, proc.stderr
         assert not is_alive(node1.pid1, node1.pid1_start)
         assert sleeper.wait(timeout=10) != 0  # killed with its host
-        assert not _connects(simlan2, "node0", "10.77.0.11", 22)
+        assert not _connects(simlan2, "node0", host_addr(1), 22)
         assert simlan2.host("node0").alive
         status = simlan_cli("status")
         assert status.returncode == 1 and "dead" in status.stdout
