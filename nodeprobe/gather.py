@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from nodeprobe.net import detach
+
 
 def trainer_settings(argv: list[str]) -> argparse.Namespace:
     """The trainer flags that change dtype and memory, read leniently from the run's trainer args."""
@@ -56,21 +58,6 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data) + "\n")
     os.replace(tmp, path)
-
-
-def _detach() -> bool:
-    """Fork a detached grandchild (own session, stdio on /dev/null). True in the grandchild."""
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)
-        return False
-    os.setsid()
-    if os.fork():
-        os._exit(0)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    return True
 
 
 def warm_child(folder: Path, fp_args: argparse.Namespace, lifetime: float) -> None:
@@ -126,7 +113,7 @@ def run(args) -> dict:
         force_dtype=t.force_dtype, depth=max(1, t.depth), n_embd=t.n_embd, n_head=t.n_head,
         seq_len=max(2, t.seq_len), batch_size=max(1, t.batch_size), vocab=257, world=args.world)
     folder = Path(tempfile.mkdtemp(prefix="ddplab-preflight-"))
-    if _detach():
+    if detach():
         warm_child(folder, fp_args, args.listen_seconds)
     results: dict = {}
     if args.master_port is not None:

@@ -69,17 +69,9 @@ def listen(port: int, seconds: float, background: bool, bind: str = "0.0.0.0",
     if background:
         # Detach: the parent prints the port and returns at once (an Ansible task does not wait);
         # the child keeps serving for `seconds`, in its own session so a closing SSH cannot stop it.
-        pid = os.fork()
-        if pid:
+        if not detach():
             srv.close()
-            head["pid"] = pid
             return head
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
         _serve(srv, seconds, max_conns)
         os._exit(0)
     head["pid"] = os.getpid()
@@ -263,3 +255,18 @@ def iface(master: str) -> dict:
     out["same_subnet"] = same
     out["ok"] = True
     return out
+
+
+def detach() -> bool:
+    """Fork a detached grandchild (own session, stdio on /dev/null). True in the grandchild."""
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return False
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    return True
