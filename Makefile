@@ -46,7 +46,7 @@ demo: data  ## Fresh machine: setup, default data, a 2-rank launch on this machi
 follow:  ## Live view of every node's tmux pane (INV=inventory/simlan)
 	$(BIN)/python -m ddplab follow -i $(or $(INV),inventory/local)
 
-bench: data  ## Scaling lab on 2 simulated hosts at 1 Gbit/s (root, ~25 min): runs/bench-<id>/report.md
+bench: data  ## Scaling lab on 2 simulated hosts at 1 Gbit/s (root, ~40 min): runs/bench-<id>/report.md
 	$(BIN)/python bench/scaling_lab.py --nodes 2 --rate 1gbit
 
 bench-trainer: setup  ## 1 vs 2 ranks on this machine against a textbook DDP loop

@@ -1,6 +1,6 @@
 """The scaling lab: is a second machine worth it? Measured on simulated hosts with a shaped link.
 
-    sudo .venv/bin/python bench/scaling_lab.py [--nodes 2] [--rate 1gbit] [--sizes small,large] [--id ID]
+    sudo .venv/bin/python bench/scaling_lab.py [--nodes 2] [--rate 1gbit] [--sizes small,large,...] [--id ID]
 
 Runs the same model and per-rank batch as
   1x1       1 node x 1 rank: simlan node0 (pinned to one core), one thread
@@ -46,6 +46,11 @@ SIZES = {
     "small": {"model": ["--depth", "6", "--n-embd", "384", "--n-head", "6", "--seq-len", "128",
                         "--batch-size", "8", "--auto-trial-steps", "3"], "steps": 20, "warmup": 2,
               "comms": ["fp32", "bf16", "fp16", "powersgd", "auto"], "repeat": 2},
+    # the same model with 4x the tokens per step (4,096 per rank): the all-reduce is the same 43 MB, the
+    # compute 4x longer; shows how the answer to "is a second machine worth it" depends on the batch
+    "small-b32": {"model": ["--depth", "6", "--n-embd", "384", "--n-head", "6", "--seq-len", "128",
+                            "--batch-size", "32", "--auto-trial-steps", "2"], "steps": 10, "warmup": 2,
+                  "comms": ["fp32", "auto"], "auto_steps": 16, "repeat": 2},
     # the field notes' 126M-like d8 shape: depth 8, width 1152 (128M parameters, 512 MB of fp32 gradients)
     "large": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
                         "--batch-size", "4", "--lr", "1e-3", "--auto-trial-steps", "2"],
@@ -348,7 +353,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=2, help="simulated nodes for the N x 1 runs")
     ap.add_argument("--rate", default="1gbit", help="link rate (tc tbf), e.g. 1gbit, 100mbit")
-    ap.add_argument("--sizes", default="small,large", help=f"comma list of {', '.join(SIZES)}")
+    ap.add_argument("--sizes", default="small,small-b32,large,large-b1",
+                    help=f"comma list of {', '.join(SIZES)}")
     ap.add_argument("--comms", default=None, help="comma list of --comm options for the N-node runs "
                     "(default: per size)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: per size)")

@@ -175,6 +175,11 @@ def build(data: dict) -> dict:
                 f"{size}: the machine was busy with other work (1-min load {min(loads):.1f} to "
                 f"{max(loads):.1f} on {cpus} CPUs before the runs): runs that ran under different load are "
                 f"compared, so speedups and efficiencies above 1 per rank are load artifacts, not scaling")
+        solo = next((r for r in rows if r["nodes"] == 1 and r["ranks_per_node"] == 1), None)
+        if multi and solo:
+            # the most any --comm option can gain over fp32: a step cannot be shorter than one rank's solo
+            # step (communication that cost nothing, on a core that computes as fast as alone)
+            entry["comm_headroom"] = multi[0]["step_ms"] / solo["step_ms"]
         if alpha is not None:
             entry["predicted_speedup"] = {n: n / (1 + alpha * (n - 1)) for n in range(1, max(4, meta.get(
                 "nodes", 2)) + 1)}
@@ -240,6 +245,10 @@ def markdown(rep: dict) -> str:
         if e["auto_vs_fp32"] is not None:
             lines += [f"`--comm auto` chose {e['auto_choice']}: {e['auto_vs_fp32']:.2f}x the tokens/s of "
                       f"fp32 on {rep['nodes']} nodes (steady state, trial steps left out).", ""]
+        if e.get("comm_headroom") is not None:
+            lines += [f"Headroom: the {rep['nodes']}x1 fp32 step is {e['comm_headroom']:.2f}x the 1x1 step, "
+                      f"so no way of sending gradients can make a step more than {e['comm_headroom']:.2f}x "
+                      f"faster than fp32 here (communication that cost nothing).", ""]
     if rep["notes"]:
         lines += ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""]
     lines += ["Definitions: bench/scaling_report.py. Raw data: raw/<size>/<run>/<node>/ (trainer out "

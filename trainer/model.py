@@ -39,7 +39,8 @@ def flops_per_token(c: GPTConfig) -> int:
 def estimate_train_memory(c: GPTConfig, batch_size: int, world_size: int = 2, bytes_per_act: int = 4) -> int:
     """Rough bytes one rank needs to train (used by preflight).
 
-    fp32 weights (4) + grads (4) + AdamW moments (8) + DDP gradient buckets (4 when world_size > 1)
+    fp32 weights (4) + grads (4) + AdamW moments (8) + communication (4 when world_size > 1: the grads are
+    views of DDP's buckets, but a compression hook's buffer or PowerSGD's error feedback take up to that)
     per parameter, plus activations kept for backward: per token and block about 16*C values plus the
     attention rows (n_head*T), and the logits three times (logits, softmax, grad).
     """

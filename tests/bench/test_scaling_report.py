@@ -112,6 +112,7 @@ def test_rows_follow_from_the_jsonl(bench):
     assert e["predicted_speedup"][4] == pytest.approx(4 / (1 + 3 * alpha))
     auto, fp32 = rows["2x1-auto"]["tokens_per_sec"], rows["2x1-fp32"]["tokens_per_sec"]
     assert e["auto_vs_fp32"] == pytest.approx(auto / fp32)
+    assert e["comm_headroom"] == pytest.approx(rows["2x1-fp32"]["step_ms"] / rows["1x1"]["step_ms"])
     assert e["loss_curves"]["2x1-bf16"] == [(r["step"], r["loss"]) for r in recs["2x1-bf16"]]
     p = rep["probe"]
     assert p["link_pct"] == pytest.approx(100 * (64 << 20) * 8 / RATE / 0.56)
