@@ -207,6 +207,11 @@ def run(cfg: TrainConfig) -> int:
     timer = CommTimer()
     comm = GradComm(cfg, di.world_size, timer)
     comm.install(model)
+    if resumed is not None and cfg.comm in ("powersgd", "auto") and di.world_size > 1:
+        # PowerSGD's error feedback is per rank and as large as the gradients; it is not checkpointed
+        D.print0(f"ddplab: note: --comm {cfg.comm} after a resume starts afresh (" +
+                 ("PowerSGD's error feedback and factors" if cfg.comm == "powersgd" else "the trial") +
+                 "): training continues, but not bit for bit as an uninterrupted run would")
 
     # 3. the loop
     metrics = JsonlWriter(out / f"metrics.rank{di.rank}.jsonl",

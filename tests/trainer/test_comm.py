@@ -161,3 +161,25 @@ def test_comm_flags_map_onto_the_config():
                       "--bucket-cap-mb", "4"])
     assert (c.comm, c.powersgd_warm_start, c.powersgd_rank, c.bucket_cap_mb) == ("powersgd", False, 8, 4.0)
     assert parse_config([*base, "--powersgd-warm-start"]).powersgd_warm_start is True
+
+
+@pytest.mark.slow
+def test_powersgd_resumes_from_a_checkpoint_with_fresh_compression_state(shards, tmp_path):
+    """PowerSGD's per-rank error feedback is not checkpointed: a resumed run says so, starts the compression
+    afresh (plain all-reduces for --powersgd-start-step steps) and its ranks still end byte-identical."""
+    out = tmp_path / "out"
+    first = torchrun(["--data", shards, "--out", out, "--comm", "powersgd", "--ckpt-every", 5, *ARGS])
+    assert first.returncode == 0, first.stderr[-3000:]
+    for f in (out / "ckpt").glob("step_000010.pt*"):  # as if the run had died between steps 5 and 10
+        f.unlink()
+    r = torchrun(["--data", shards, "--out", out, "--comm", "powersgd", "--ckpt-every", 5, *ARGS, "--resume"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout and "step 5" in r.stdout
+    assert "--comm powersgd after a resume starts afresh" in r.stdout
+    s = summary(out)
+    assert s["resumed_from_step"] == 5 and s["byte_equivalent"] is True
+    assert summary(out, 0)["final_param_sha256"] == summary(out, 1)["final_param_sha256"]
+    recs = [x for x in read_jsonl(out / "metrics.rank0.jsonl") if x["step"] > 5]
+    plain = [x for x in recs if x["step"] <= 5 + PSGD_START]  # PowerSGD's own warm-up, as at the start
+    assert plain and all(x["allreduce_bytes"] == recs[0]["allreduce_bytes"] for x in plain)
+    assert all(x["allreduce_bytes"] < plain[0]["allreduce_bytes"] for x in recs if x["step"] > 5 + PSGD_START)
