@@ -55,3 +55,7 @@ def test_local_launch_wait_collects_summary(tmp_path_factory):
         sock = home / "ddplab" / lab / "tmux.sock"
         alive = subprocess.run(["tmux", "-S", str(sock), "has-session"], capture_output=True, timeout=30)
         assert alive.returncode != 0
+    # a run that had finished before the stop is still "finished", not "stopped"
+    status = playbook("status.yml", extra={"ddplab_runs_dir": runs}, timeout=120, env=env)
+    assert status.returncode == 0, tail(status)
+    assert len(re.findall(r"local\d\s+rank \d+\s+finished\s+step 6\b", status.stdout)) == 2, tail(status)

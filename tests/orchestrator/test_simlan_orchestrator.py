@@ -5,6 +5,7 @@ launch, then idempotence, then faults); the last test discards it.
 """
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -132,5 +133,11 @@ def test_5_stop_leaves_no_process_of_the_run(simlan2, lab, simlan_cluster):
             tmux = ["tmux", "-S", "/root/ddplab/tmux.sock", "has-session", "-t", "=sim-stop"]
             has = simlan2.exec(host, tmux, timeout=30)
             assert has.returncode != 0
+        # status tells a run the user stopped from a failed one
+        status = playbook("status.yml", inventory=simlan2.inventory_dir, timeout=300,
+                          extra={**lab, "ddplab_run_id": "sim-stop"})
+        assert status.returncode == 0, tail(status)
+        assert len(re.findall(r"node\d\s+rank \d+\s+stopped \(stop\.yml\)", status.stdout)) == 2, tail(status)
+        assert "failed first" not in status.stdout
     finally:
         simlan_cluster.discard()  # ufw enabled, lab folders written: the next module gets fresh hosts

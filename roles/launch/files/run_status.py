@@ -1,7 +1,8 @@
 """Read-only state of one ddplab run on this node, as one JSON line.
 
 Usage: run_status.py RUN_DIR SOCKET SESSION. state is one of: not-started (no run folder), running,
-exited (with code), lost (no exit code and no live tmux pane: the rank was killed with its session).
+exited (with code), lost (no exit code and no live tmux pane: the rank was killed with its session),
+stopped (stop.yml marked the run and the rank did not finish with code 0).
 Also: code_time (mtime of exit_code), log_time (of launch.log), metrics_time (of the newest metrics
 line's file), now (this node's clock, to compare), last_lines (the log's last lines), error (the last
 `ddplab: error:` line) and lost_peer (that line says this rank lost a peer: it is a victim, not the
@@ -70,6 +71,10 @@ def main():
         res["state"] = "exited"
     except (OSError, ValueError):
         res["state"] = "running" if res["pane"] and not res["pane"]["dead"] else "lost"
+    # stop.yml marks the run before it ends it: a rank it ended did not fail (one that finished did finish)
+    stopped = mtime(os.path.join(run_dir, "stopped"))
+    if stopped is not None and res["state"] != "running" and res["code"] != 0:
+        res["state"], res["stopped_time"] = "stopped", stopped
     for path in sorted(glob.glob(os.path.join(run_dir, "out", "metrics.rank*.jsonl"))):
         rec = last_line(path, want_json=True)
         if rec and (res["step"] is None or rec.get("step", -1) >= res["step"]):
