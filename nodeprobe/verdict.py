@@ -669,6 +669,9 @@ def main(argv=None) -> int:
     p.add_argument("--manifest", type=Path, help="control host's manifest.json (default: IN/manifest.json)")
     p.add_argument("--code", action="append", type=Path, default=[],
                    help="control host's code folder to compare with (repeatable; default IN/control.json)")
+    p.add_argument("--code-ref", action="append", default=[], metavar="NAME=SHA256",
+                   help="the control host's tree hash of code folder NAME (repeatable), e.g. the user's "
+                        "code as roles/code_sync/files/code_tree.py hashes what it would sync")
     p.add_argument("--bundle", help="first write --in from this bundle of Ansible results ('-' = stdin; "
                                     "format in nodeprobe/collect.py)")
     p.add_argument("--gate", action="store_true",
@@ -704,6 +707,11 @@ def main(argv=None) -> int:
             if info.get("error"):
                 raise InputError(f"--code: {info['error']}")
             control_code[d.resolve().name] = info
+        for ref in args.code_ref:
+            name, _, sha = ref.partition("=")
+            if not name or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+                raise InputError(f"--code-ref {ref!r}: use NAME=<64 hex digits>")
+            control_code[name] = {"sha256": sha}
         result = Verdict(args.in_dir, manifest, control_code).run()
     except InputError as e:
         print(f"ddplab: error: {e}", file=sys.stderr)

@@ -98,14 +98,16 @@ def test_1_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_repo):
 
 
 def test_2_code_changed_on_one_node_after_sync_fails_preflight(simlan2, lab, seed_repo):
+    """The changed copy is the master's: preflight compares with what the control host would sync, so it
+    names node0 (comparing the nodes with each other would blame node1)."""
     extra = {**lab, "ddplab_code_dir": seed_repo, "ddplab_entrypoint": "dist_train.py"}
-    simlan2.exec("node1", ["bash", "-c", "echo '# local tweak' >> /root/ddplab/code/user/dist_train.py"],
+    simlan2.exec("node0", ["bash", "-c", "echo '# local tweak' >> /root/ddplab/code/user/dist_train.py"],
                  timeout=30, check=True)
     proc = playbook("preflight.yml", inventory=simlan2.inventory_dir, timeout=300, extra=extra)
     assert proc.returncode != 0, tail(proc)
     verdict = (lab["ddplab_runs_dir"] / "preflight" / "latest.json").read_text()
-    assert "user/ differs from node0" in verdict and "sync user/ to node1" in verdict, tail(proc)
-    assert "sync user/ to node0" not in verdict
+    assert "user/ differs from the control host" in verdict and "sync user/ to node0" in verdict, tail(proc)
+    assert "sync user/ to node1" not in verdict
 
     fixed = playbook("prepare.yml", "--tags", "code", inventory=simlan2.inventory_dir, timeout=300,
                      extra=extra)

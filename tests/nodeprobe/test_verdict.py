@@ -285,3 +285,47 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
     assert r.returncode == 2 and not out.exists()
     assert r.stderr.startswith("ddplab: error: ") and "inventory.json is missing" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_changed_copy_on_the_master_is_named_by_the_control_hosts_code_ref(real, tmp_path):
+    """With the control host's hash given (--code-ref), the master's changed copy is the one named, not
+    the nodes that still match what the control host would sync."""
+    f = cluster(real)
+    good = real["fp"]["code"]["nodeprobe"]["sha256"]
+    f["node0/fingerprint.json"]["code"]["nodeprobe"]["sha256"] = "e" * 64
+    rc, res, _ = run_verdict(tmp_path, f, f"--code-ref=nodeprobe={good}")
+    assert rc == 1 and failing(res) == {("node0", "code")}
+    assert "differs from the control host" in res["hosts"]["node0"]["code"]["detail"]
+    assert "sync nodeprobe/ to node0" in fix_of(res, "node0", "code")
+
+
+def test_a_bad_code_ref_is_one_line(tmp_path, capsys):
+    (tmp_path / "in").mkdir()
+    assert V.main(["--in", str(tmp_path / "in"), "--code-ref", "user=abc"]) == 2
+    assert "--code-ref 'user=abc': use NAME=<64 hex digits>" in capsys.readouterr().err
+
+
+def test_code_tree_hashes_what_it_would_sync_as_the_node_hashes_its_copy(tmp_path):
+    """roles/code_sync/files/code_tree.py's tree_sha256 == nodeprobe's tree_hash of the synced copy."""
+    import shutil
+
+    src = tmp_path / "src"
+    (src / "pkg" / "__pycache__").mkdir(parents=True)
+    (src / "train.py").write_text("print('hi')\n")
+    (src / "pkg" / "m.py").write_text("x = 1\n")
+    (src / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0junk")
+    (src / "out.log").write_text("ignored\n")
+    (src / ".gitignore").write_text("*.log\n")
+    tree = REPO / "roles" / "code_sync" / "files" / "code_tree.py"
+    spec = json.dumps([{"src": str(src), "dest": "user", "mode": "gitignore"}])
+    exclude = r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$"  # ddplab_code_exclude_regex
+    r = subprocess.run([sys.executable, str(tree), spec, exclude], capture_output=True, text=True, timeout=60,
+                       check=True)
+    plan = json.loads(r.stdout)
+    copy_dir = tmp_path / "node" / "user"
+    for entry in plan["files"]:
+        dest = tmp_path / "node" / entry["dest"]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(entry["src"], dest)
+    assert sorted(e["dest"] for e in plan["files"]) == ["user/.gitignore", "user/pkg/m.py", "user/train.py"]
+    assert plan["trees"][0]["tree_sha256"] == hashing.tree_hash(copy_dir)["sha256"]

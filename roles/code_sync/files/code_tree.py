@@ -9,7 +9,8 @@ fnmatch patterns: `name`, `dir/`, `/anchored`, `*.ext`, `a/**/b`; `!` negation i
 
 Prints one JSON object: files [{src, dest}], lines ["<sha256>  <dest>"] sorted by dest, hash (sha256
 of the joined lines: the same value the node computes from its copy), trees [{src, dest, method,
-files, hash, git_commit, git_dirty}]. Exit 2 with one `ddplab: error:` line on bad input.
+files, hash, tree_sha256 (nodeprobe's tree hash of the copy, for preflight), git_commit, git_dirty}].
+Exit 2 with one `ddplab: error:` line on bad input.
 Standard library only.
 """
 
@@ -41,6 +42,19 @@ def walk(src):
         dirnames[:] = [d for d in dirnames if d != ".git"]
         out += [os.path.relpath(os.path.join(dirpath, n), src) for n in filenames]
     return out
+
+
+def tree_sha256(src, rels):
+    """What nodeprobe.hashing.tree_hash gives for a node's copy of these files (preflight compares the
+    two): sha256 over each file's relative path, NUL, bytes, NUL, in sorted path order."""
+    h = hashlib.sha256()
+    for rel in sorted(rels):
+        h.update(rel.encode() + b"\0")
+        with open(os.path.join(src, rel), "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def git(src, *args):
@@ -116,7 +130,7 @@ def main():
         lines += tree_lines
         info.append({"src": src, "dest": dest, "method": method, "files": len(rels),
                      "hash": hashlib.sha256("".join(ln + "\n" for ln in tree_lines).encode()).hexdigest(),
-                     "git_commit": commit, "git_dirty": dirty})
+                     "tree_sha256": tree_sha256(src, rels), "git_commit": commit, "git_dirty": dirty})
     order = sorted(range(len(lines)), key=lambda i: files[i]["dest"].encode())
     files, lines = [files[i] for i in order], [lines[i] for i in order]
     digest = hashlib.sha256("".join(ln + "\n" for ln in lines).encode()).hexdigest()
