@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "orchestrator"))
-from orch_helpers import make_shards, playbook, tail  # noqa: E402
+from orch_helpers import playbook, tail  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -31,9 +31,9 @@ def git(cwd, *args):
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    shards = make_shards(tmp_path_factory.getbasetemp() / "shards")
     runs = tmp_path_factory.mktemp("byo-runs")
-    return {"ddplab_data_dir": shards, "ddplab_runs_dir": runs, **COMMON}
+    # your own code brings its own data: no shards are copied or checked
+    return {"ddplab_data_dir": "", "ddplab_runs_dir": runs, **COMMON}
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,8 @@ def test_1_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_repo):
         assert sorted(user.stdout.split()) == [".gitignore", "dist_train.py"]
         copy = simlan2.exec(host, ["cat", "/root/ddplab/code/user/dist_train.py"], timeout=30, check=True)
         assert copy.stdout.encode() == seed
+        shards = simlan2.exec(host, ["find", "/root/ddplab", "-name", "*.parquet"], timeout=30, check=True)
+        assert shards.stdout.strip() == ""  # ddplab_data_dir "": nothing copied
     pane0 = (run / "node0" / "pane.txt").read_text()
     assert "epoch 2 loss" in pane0 and "epoch 2 loss" in (run / "node0" / "launch.log").read_text()
     assert any("epoch 2 loss" in p.read_text() for p in (run / "node0" / "torchrun-logs").rglob("stdout.log"))
@@ -95,6 +97,8 @@ def test_1_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_repo):
     assert trees["user"]["git_commit"] == git(seed_repo, "rev-parse", "HEAD")
     assert trees["user"]["git_dirty"] is False and trees["user"]["method"] == "git ls-files"
     assert "identical on every node" in (run / "report.md").read_text()
+    verdict = json.loads((lab["ddplab_runs_dir"] / "preflight" / "latest.json").read_text())
+    assert {verdict["hosts"][h]["data"]["status"] for h in HOSTS} == {"skip"}
 
 
 def test_2_code_changed_on_one_node_after_sync_fails_preflight(simlan2, lab, seed_repo):
