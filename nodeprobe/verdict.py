@@ -360,7 +360,10 @@ class Verdict:
         data = fp.get("data")
         fix_all = "re-run playbooks/prepare.yml (dataset)"
         if not data:
-            self.set(h, "data", SKIP, "fingerprint ran without --data")
+            if self.manifest is None:  # no shards asked for (your own code with ddplab_data_dir "")
+                self.set(h, "data", NA, "no shards (ddplab_data_dir is empty)")
+            else:
+                self.set(h, "data", SKIP, "fingerprint ran without --data")
             return
         if data.get("error"):
             self.fail(h, "data", data["error"], fix_all)

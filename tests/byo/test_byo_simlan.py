@@ -98,7 +98,7 @@ def test_1_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_repo):
     assert trees["user"]["git_dirty"] is False and trees["user"]["method"] == "git ls-files"
     assert "identical on every node" in (run / "report.md").read_text()
     verdict = json.loads((lab["ddplab_runs_dir"] / "preflight" / "latest.json").read_text())
-    assert {verdict["hosts"][h]["data"]["status"] for h in HOSTS} == {"skip"}
+    assert {verdict["hosts"][h]["data"]["status"] for h in HOSTS} == {"n/a"}
 
 
 def test_2_code_changed_on_one_node_after_sync_fails_preflight(simlan2, lab, seed_repo):

@@ -329,3 +329,14 @@ def test_code_tree_hashes_what_it_would_sync_as_the_node_hashes_its_copy(tmp_pat
         shutil.copy2(entry["src"], dest)
     assert sorted(e["dest"] for e in plan["files"]) == ["user/.gitignore", "user/pkg/m.py", "user/train.py"]
     assert plan["trees"][0]["tree_sha256"] == hashing.tree_hash(copy_dir)["sha256"]
+
+
+def test_no_shards_asked_for_is_not_applicable_and_passes(real, tmp_path):
+    """Your own code with ddplab_data_dir "": no manifest, no data in the fingerprints -> n/a, passes."""
+    f = cluster(real)
+    del f["manifest.json"]
+    for h in ("node0", "node1"):
+        f[f"{h}/fingerprint.json"].pop("data", None)
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 0 and res["ok"] is True and res["not_run"] == []
+    assert {res["hosts"][h]["data"]["status"] for h in ("node0", "node1")} == {"n/a"}
