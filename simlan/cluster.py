@@ -272,9 +272,18 @@ def venv_python() -> str:
 
 
 def keep_paths(real_home: str, python: str, extra: tuple[str, ...] = ()) -> list[str]:
-    """Top-level entries of the real home that must stay visible in the private home: those holding
-    the Python installs in use (e.g. /root/.pyenv), the repository, and `extra`."""
-    home = Path(real_home).resolve()
+    """Top-level entries of the real home (or of /tmp, which is private too: a checkout in /tmp) that
+    must stay visible in the host: those holding the Python installs in use (e.g. /root/.pyenv), the
+    repository, and `extra`."""
+    return _tops(real_home, python, extra)
+
+
+def keep_tmp_paths(python: str, extra: tuple[str, ...] = ()) -> list[str]:
+    return _tops("/tmp", python, extra)
+
+
+def _tops(root: str, python: str, extra: tuple[str, ...]) -> list[str]:
+    home = Path(root).resolve()
     candidates = [sys.base_prefix, sys.prefix, sys.executable, python, os.path.realpath(python),
                   str(REPO_ROOT), *extra]
     keep: list[str] = []
@@ -396,11 +405,12 @@ def _create(sdir: Path, tools: dict[str, str], *, nodes: int, rate: str | None, 
              "-f", str(cluster.key)], what="ssh-keygen (client key)")
         pubkey = cluster.key.with_suffix(".pub").read_text()
         keep_list = keep_paths(real_home, python, keep)
+        keep_tmp = keep_tmp_paths(python, keep)
         for h in hosts:
             write_host_files(host=h.name, addr=h.addr, host_dir=Path(h.dir),
                              all_hosts=[(x.name, x.addr) for x in hosts], client_pubkey=pubkey,
-                             real_home=real_home, keep=keep_list, syn_retries=syn_retries,
-                             ssh_keygen=tools["ssh-keygen"])
+                             real_home=real_home, keep=keep_list, keep_tmp=keep_tmp,
+                             syn_retries=syn_retries, ssh_keygen=tools["ssh-keygen"])
         network.create_bridge(ip)
         for h in hosts:
             network.create_host_link(ip, tc, h.name, h.addr, rate)

@@ -10,7 +10,8 @@ so `~/ddplab` (the lab folder), `~/.ssh`, `~/.ansible`, shell history are all pe
 /root is untouched. The directories of the real home that hold the Python simlan runs with (the
 venv's base interpreter, e.g. /root/.pyenv) and the repository, if it lives in the home, are
 bind-mounted back into the private home at the same path, so that the repo's `.venv/bin/python`
-(Ansible's interpreter on the hosts) keeps working. Everything else in the real home is hidden.
+(Ansible's interpreter on the hosts) keeps working. Everything else in the real home is hidden. A
+checkout under /tmp (private in each host too) is kept visible the same way.
 """
 
 from __future__ import annotations
@@ -45,7 +46,21 @@ if [ -e /etc/default/ufw ]; then mount --bind "$HOST_DIR/etc/default-ufw" /etc/d
 
 # Private tmpfs for /tmp, /dev/shm and /run; the host's own state folder stays visible in /run
 # (sshd reads authorized_keys from it at every login).
+# A checkout (and its venv) under /tmp stays visible: parked in the host folder, moved back onto the
+# private /tmp.
+i=0
+for keep in "${KEEP_TMP[@]}"; do
+  mkdir -p "$HOST_DIR/tmp-keep/$i"
+  mount --bind "$keep" "$HOST_DIR/tmp-keep/$i"
+  i=$((i + 1))
+done
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
+i=0
+for keep in "${KEEP_TMP[@]}"; do
+  mkdir -p "$keep"
+  mount --move "$HOST_DIR/tmp-keep/$i" "$keep"
+  i=$((i + 1))
+done
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
 if [[ "$HOST_DIR/" == /run/* ]]; then
   parked=/tmp/.simlan-host-dir
@@ -80,7 +95,7 @@ done
 
 
 def render_init(*, host: str, addr: str, host_dir: Path, real_home: str, keep: list[str],
-                syn_retries: int) -> str:
+                syn_retries: int, keep_tmp: list[str] | None = None) -> str:
     values = {
         "SIMLAN_HOST": host,
         "ADDR": addr,
@@ -92,10 +107,11 @@ def render_init(*, host: str, addr: str, host_dir: Path, real_home: str, keep: l
     }
     header = "\n".join(f"{k}={shlex.quote(v)}" for k, v in values.items())
     keep_line = "KEEP=(" + " ".join(shlex.quote(k) for k in keep) + ")"
+    keep_tmp_line = "KEEP_TMP=(" + " ".join(shlex.quote(k) for k in keep_tmp or []) + ")"
     return (
         "#!/bin/bash\n"
         f"# PID 1 of simulated host {host}. Rendered by simlan (simlan/hostinit.py); do not edit.\n"
-        f"{header}\n{keep_line}\n{INIT_BODY}"
+        f"{header}\n{keep_line}\n{keep_tmp_line}\n{INIT_BODY}"
     )
 
 
@@ -135,7 +151,7 @@ def render_etc_hosts(hosts: list[tuple[str, str]]) -> str:
 
 def write_host_files(*, host: str, addr: str, host_dir: Path, all_hosts: list[tuple[str, str]],
                      client_pubkey: str, real_home: str, keep: list[str], syn_retries: int,
-                     ssh_keygen: str) -> None:
+                     ssh_keygen: str, keep_tmp: list[str] | None = None) -> None:
     """Create the host's folder with everything init.sh needs (private /etc, home, sshd files)."""
     from simlan.system import run
 
@@ -162,5 +178,5 @@ def write_host_files(*, host: str, addr: str, host_dir: Path, all_hosts: list[tu
     (host_dir / "sshd.log").touch()
     init = host_dir / "init.sh"
     init.write_text(render_init(host=host, addr=addr, host_dir=host_dir, real_home=real_home,
-                                keep=keep, syn_retries=syn_retries))
+                                keep=keep, syn_retries=syn_retries, keep_tmp=keep_tmp or []))
     init.chmod(0o755)
