@@ -1,0 +1,109 @@
+"""`python -m ddplab status`: judge every node of a run and name the node that failed first.
+
+Input (JSON on stdin), built by roles/launch/tasks/status.yml from the node-side states
+(`nodeprobe` run status, one per node that answered):
+
+    {"run": "run-1", "log_dir": "~/ddplab/runs",
+     "nodes": {"node0": 0, "node1": 1},                 # every node of the inventory: its rank
+     "asked": ["node0", "node1"],                        # the nodes of the play (--limit applied)
+     "states": {"node0": {...run status...}}}            # the asked nodes that answered
+
+A node outside --limit is "not asked", never "unreachable"; an asked node without a state did not
+answer over SSH. "Failed first" is judged among the nodes whose state is known: an unreachable or
+silently lost node first, else the failed node whose rank did not merely lose a peer, earliest exit
+first (exit_code mtimes on the nodes' clocks). When nothing known failed but nodes were left out, the
+failed-first node is unknown, and the output says so.
+Output: JSON {"run", "nodes": [rows], "failed", "failed_first", "lines"} on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ddplab.errors import DdplabError
+
+NOT_ASKED = "not asked (left out by --limit)"
+UNREACHABLE = "unreachable"
+VERDICTS = {"running": "running", "not-started": "not started", "stopped": "stopped (stop.yml)",
+            "lost": "failed (no exit code, its tmux pane is gone)"}
+
+
+def row_for(host: str, rank, state: dict | None, asked: bool) -> dict:
+    """One node's row: its verdict, whether it failed, and what orders the failed ones."""
+    row = {"host": host, "rank": rank, "asked": asked, "known": False, "failed": False, "victim": 0, "t": 0.0,
+           "code": None, "step": None, "loss": None, "tps": None, "last_line": "", "lines": [], "error": None}
+    if not asked:
+        return {**row, "verdict": NOT_ASKED}
+    if state is None:
+        return {**row, "verdict": UNREACHABLE, "known": True, "failed": True,
+                "last_line": "no answer over SSH (host down, asleep or cut off)"}
+    kind, code = state.get("state"), state.get("code")
+    if kind in VERDICTS:
+        verdict = VERDICTS[kind]
+    else:
+        verdict = "finished" if code == 0 else f"failed (exit code {code})"
+    failed = kind == "lost" or (kind == "exited" and code != 0)
+    exited_at = (state.get("code_time") or state.get("log_time") or 0.0) if kind == "exited" else 0.0
+    return {**row, "verdict": verdict, "known": True, "failed": failed,
+            "victim": 1 if state.get("lost_peer") else 0, "t": float(exited_at), "code": code,
+            "step": state.get("step"), "loss": state.get("loss"), "tps": state.get("tokens_per_sec"),
+            "last_line": state.get("last_line") or "", "lines": list(state.get("last_lines") or []),
+            "error": state.get("error")}
+
+
+def judge(doc: dict) -> dict:
+    """Rows for every node, the failed ones, and the one that failed first (None when unknown)."""
+    try:
+        nodes, asked, states = doc["nodes"], set(doc["asked"]), doc.get("states") or {}
+        run = doc["run"]
+    except (KeyError, TypeError) as e:
+        raise DdplabError(f"status input lacks {e}; it is built by roles/launch/tasks/status.yml") from None
+    rows = [row_for(host, rank, states.get(host), host in asked) for host, rank in nodes.items()]
+    failed = sorted((r for r in rows if r["failed"]), key=lambda r: (r["victim"], r["t"]))
+    left_out = [r["host"] for r in rows if not r["asked"]]
+    first = failed[0]["host"] if failed else None
+    return {"run": run, "nodes": rows, "failed": [r["host"] for r in failed], "failed_first": first,
+            "left_out": left_out, "lines": render(run, rows, first, left_out, doc.get("log_dir", ""))}
+
+
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(run: str, rows: list[dict], first: str | None, left_out: list[str], log_dir: str) -> list[str]:
+    """The lines status.yml prints: a row per node, then who failed first and the failed nodes' last lines."""
+    out = [f"run {run}"]
+    for r in rows:
+        line = r["last_line"] if len(r["last_line"]) <= 80 else r["last_line"][:77] + "..."
+        out.append(f"{r['host']:<12} rank {fmt(r['rank'], '<2')} {r['verdict']:<32} step {fmt(r['step'], '<6')} "
+                   f"loss {fmt(r['loss'], '<8.4f')} tok/s {fmt(r['tps'], '<8.0f')} | {line}".rstrip())
+    if first:
+        r = next(r for r in rows if r["host"] == first)
+        among = f" among the nodes asked ({', '.join(left_out)} not asked)" if left_out else ""
+        out.append(f"failed first{among}: {r['host']} (rank {r['rank']}, {r['verdict']})"
+                   + (f": {r['error']}" if r["error"] else ""))
+        for f in rows:
+            if f["failed"] and f["lines"]:
+                out.append(f"--- last lines of {f['host']} ({log_dir}/{run}/launch.log):")
+                if f["error"] and f["error"] not in " ".join(f["lines"]):
+                    out.append(f"  {f['error']}")
+                out.extend(f"  {ln}" for ln in f["lines"])
+    elif left_out:
+        out.append(f"failed first: unknown ({', '.join(left_out)} not asked; no failure among the nodes asked)")
+    return out
+
+
+def cmd_status(args) -> int:
+    try:
+        doc = json.load(sys.stdin)
+    except json.JSONDecodeError as e:
+        raise DdplabError(f"status input is not JSON ({e}); it is built by roles/launch/tasks/status.yml") from None
+    json.dump(judge(doc), sys.stdout)
+    print()
+    return 0
+
+
+def add_parser(sub):
+    p = sub.add_parser("status", help="judge a run's nodes from their states (JSON on stdin)")
+    p.set_defaults(func=cmd_status)

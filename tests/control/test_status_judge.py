@@ -1,0 +1,75 @@
+"""ddplab/status.py: rows, failed-first and --limit semantics, on hand-made node states."""
+
+import json
+import subprocess
+import sys
+
+from ddplab.status import NOT_ASKED, judge
+
+NODES = {"node0": 0, "node1": 1, "node2": 2}
+
+
+def state(kind, code=None, t=None, lost_peer=False, step=3, error=None):
+    return {"state": kind, "code": code, "code_time": t, "log_time": t, "lost_peer": lost_peer, "step": step,
+            "loss": 2.5, "tokens_per_sec": 1000.0, "last_line": f"{kind} {code}", "last_lines": [f"{kind} {code}"],
+            "error": error}
+
+
+def doc(states, asked=None):
+    return {"run": "run-1", "log_dir": "/lab/runs", "nodes": NODES, "asked": asked or list(NODES), "states": states}
+
+
+def test_a_running_run_has_no_failure():
+    v = judge(doc({h: state("running") for h in NODES}))
+    assert [r["verdict"] for r in v["nodes"]] == ["running"] * 3
+    assert v["failed"] == [] and v["failed_first"] is None
+    assert not any(line.startswith("failed first") for line in v["lines"])
+
+
+def test_the_cause_is_named_before_its_victims_and_earliest_exit_first():
+    v = judge(doc({
+        "node0": state("exited", 1, t=100.0, lost_peer=True, error="ddplab: error: lost peer node2"),
+        "node1": state("exited", 1, t=105.0),
+        "node2": state("exited", 1, t=103.0),
+    }))
+    assert v["failed"] == ["node2", "node1", "node0"]
+    assert v["failed_first"] == "node2"
+    assert "failed first: node2 (rank 2, failed (exit code 1))" in v["lines"]
+
+
+def test_an_asked_node_without_state_is_unreachable_and_failed_first():
+    v = judge(doc({"node0": state("exited", 1, t=5.0, lost_peer=True), "node1": state("running")}))
+    row = v["nodes"][2]
+    assert row["verdict"] == "unreachable" and row["failed"]
+    assert v["failed_first"] == "node2"
+
+
+def test_limit_marks_left_out_nodes_not_asked_never_unreachable():
+    v = judge(doc({"node0": state("running")}, asked=["node0"]))
+    verdicts = {r["host"]: r["verdict"] for r in v["nodes"]}
+    assert verdicts == {"node0": "running", "node1": NOT_ASKED, "node2": NOT_ASKED}
+    assert v["failed_first"] is None and v["left_out"] == ["node1", "node2"]
+    assert "unreachable" not in "\n".join(v["lines"])
+    assert any(line.startswith("failed first: unknown (node1, node2 not asked") for line in v["lines"])
+
+
+def test_limit_with_a_failure_among_the_asked_says_so():
+    v = judge(doc({"node1": state("exited", 2, t=1.0)}, asked=["node1"]))
+    assert v["failed_first"] == "node1"
+    assert "failed first among the nodes asked (node0, node2 not asked): node1 (rank 1, failed (exit code 2))" in v["lines"]
+
+
+def test_stopped_and_finished_are_not_failures():
+    v = judge(doc({"node0": state("stopped"), "node1": state("exited", 0, t=1.0), "node2": state("not-started")}))
+    assert [r["verdict"] for r in v["nodes"]] == ["stopped (stop.yml)", "finished", "not started"]
+    assert v["failed"] == []
+
+
+def test_cli_reads_stdin_and_rejects_bad_input():
+    ok = subprocess.run([sys.executable, "-m", "ddplab", "status"], input=json.dumps(doc({})),
+                        capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["failed_first"] == "node0"
+    bad = subprocess.run([sys.executable, "-m", "ddplab", "status"], input="{not json",
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("ddplab: error: status input is not JSON")
+    assert "Traceback" not in bad.stderr
