@@ -39,10 +39,7 @@ def row_for(host: str, rank, state: dict | None, asked: bool) -> dict:
         return {**row, "verdict": UNREACHABLE, "known": True, "failed": True,
                 "last_line": "no answer over SSH (host down, asleep or cut off)"}
     kind, code = state.get("state"), state.get("code")
-    if kind in VERDICTS:
-        verdict = VERDICTS[kind]
-    else:
-        verdict = "finished" if code == 0 else f"failed (exit code {code})"
+    verdict = VERDICTS.get(kind, "finished" if code == 0 else f"failed (exit code {code})")
     failed = kind == "lost" or (kind == "exited" and code != 0)
     exited_at = (state.get("code_time") or state.get("log_time") or 0.0) if kind == "exited" else 0.0
     return {**row, "verdict": verdict, "known": True, "failed": failed,
@@ -76,8 +73,9 @@ def render(run: str, rows: list[dict], first: str | None, left_out: list[str], l
     out = [f"run {run}"]
     for r in rows:
         line = r["last_line"] if len(r["last_line"]) <= 80 else r["last_line"][:77] + "..."
-        out.append(f"{r['host']:<12} rank {fmt(r['rank'], '<2')} {r['verdict']:<32} step {fmt(r['step'], '<6')} "
-                   f"loss {fmt(r['loss'], '<8.4f')} tok/s {fmt(r['tps'], '<8.0f')} | {line}".rstrip())
+        out.append(f"{r['host']:<12} rank {fmt(r['rank'], '<2')} {r['verdict']:<32} "
+                   f"step {fmt(r['step'], '<6')} loss {fmt(r['loss'], '<8.4f')} tok/s {fmt(r['tps'], '<8.0f')} "
+                   f"| {line}".rstrip())
     if first:
         r = next(r for r in rows if r["host"] == first)
         among = f" among the nodes asked ({', '.join(left_out)} not asked)" if left_out else ""
@@ -90,7 +88,8 @@ def render(run: str, rows: list[dict], first: str | None, left_out: list[str], l
                     out.append(f"  {f['error']}")
                 out.extend(f"  {ln}" for ln in f["lines"])
     elif left_out:
-        out.append(f"failed first: unknown ({', '.join(left_out)} not asked; no failure among the nodes asked)")
+        out.append(f"failed first: unknown ({', '.join(left_out)} not asked; "
+                   "no failure among the nodes asked)")
     return out
 
 
@@ -98,7 +97,7 @@ def cmd_status(args) -> int:
     try:
         doc = json.load(sys.stdin)
     except json.JSONDecodeError as e:
-        raise DdplabError(f"status input is not JSON ({e}); it is built by roles/launch/tasks/status.yml") from None
+        raise DdplabError(f"status input is not JSON ({e}); roles/launch/tasks/status.yml builds it") from None
     json.dump(judge(doc), sys.stdout)
     print()
     return 0

@@ -10,13 +10,14 @@ NODES = {"node0": 0, "node1": 1, "node2": 2}
 
 
 def state(kind, code=None, t=None, lost_peer=False, step=3, error=None):
-    return {"state": kind, "code": code, "code_time": t, "log_time": t, "lost_peer": lost_peer, "step": step,
-            "loss": 2.5, "tokens_per_sec": 1000.0, "last_line": f"{kind} {code}", "last_lines": [f"{kind} {code}"],
+    return {"state": kind, "code": code, "code_time": t, "log_time": t, "lost_peer": lost_peer,
+            "step": step, "loss": 2.5, "tokens_per_sec": 1000.0, "last_line": f"{kind} {code}", "last_lines": [f"{kind} {code}"],
             "error": error}
 
 
 def doc(states, asked=None):
-    return {"run": "run-1", "log_dir": "/lab/runs", "nodes": NODES, "asked": asked or list(NODES), "states": states}
+    return {"run": "run-1", "log_dir": "/lab/runs", "nodes": NODES, "asked": asked or list(NODES),
+            "states": states}
 
 
 def test_a_running_run_has_no_failure():
@@ -50,13 +51,14 @@ def test_limit_marks_left_out_nodes_not_asked_never_unreachable():
     assert verdicts == {"node0": "running", "node1": NOT_ASKED, "node2": NOT_ASKED}
     assert v["failed_first"] is None and v["left_out"] == ["node1", "node2"]
     assert "unreachable" not in "\n".join(v["lines"])
-    assert any(line.startswith("failed first: unknown (node1, node2 not asked") for line in v["lines"])
+    assert any(ln.startswith("failed first: unknown (node1, node2 not asked") for ln in v["lines"])
 
 
 def test_limit_with_a_failure_among_the_asked_says_so():
     v = judge(doc({"node1": state("exited", 2, t=1.0)}, asked=["node1"]))
     assert v["failed_first"] == "node1"
-    assert "failed first among the nodes asked (node0, node2 not asked): node1 (rank 1, failed (exit code 2))" in v["lines"]
+    want = "failed first among the nodes asked (node0, node2 not asked): node1 (rank 1, failed (exit code 2))"
+    assert want in v["lines"]
 
 
 def test_stopped_and_finished_are_not_failures():
