@@ -74,7 +74,8 @@ def render(run: str, rows: list[dict], first: str | None, left_out: list[str], l
     for r in rows:
         line = r["last_line"] if len(r["last_line"]) <= 80 else r["last_line"][:77] + "..."
         out.append(f"{r['host']:<12} rank {fmt(r['rank'], '<2')} {r['verdict']:<32} "
-                   f"step {fmt(r['step'], '<6')} loss {fmt(r['loss'], '<8.4f')} tok/s {fmt(r['tps'], '<8.0f')} "
+                   f"step {fmt(r['step'], '<6')} loss {fmt(r['loss'], '<8.4f')} "
+                   f"tok/s {fmt(r['tps'], '<8.0f')} "
                    f"| {line}".rstrip())
     if first:
         r = next(r for r in rows if r["host"] == first)
@@ -97,7 +98,7 @@ def cmd_status(args) -> int:
     try:
         doc = json.load(sys.stdin)
     except json.JSONDecodeError as e:
-        raise DdplabError(f"status input is not JSON ({e}); roles/launch/tasks/status.yml builds it") from None
+        raise DdplabError(f"status input is not JSON ({e}); status.yml builds it") from None
     json.dump(judge(doc), sys.stdout)
     print()
     return 0

@@ -11,7 +11,8 @@ NODES = {"node0": 0, "node1": 1, "node2": 2}
 
 def state(kind, code=None, t=None, lost_peer=False, step=3, error=None):
     return {"state": kind, "code": code, "code_time": t, "log_time": t, "lost_peer": lost_peer,
-            "step": step, "loss": 2.5, "tokens_per_sec": 1000.0, "last_line": f"{kind} {code}", "last_lines": [f"{kind} {code}"],
+            "step": step, "loss": 2.5, "tokens_per_sec": 1000.0, "last_line": f"{kind} {code}",
+            "last_lines": [f"{kind} {code}"],
             "error": error}
 
 
@@ -62,7 +63,8 @@ def test_limit_with_a_failure_among_the_asked_says_so():
 
 
 def test_stopped_and_finished_are_not_failures():
-    v = judge(doc({"node0": state("stopped"), "node1": state("exited", 0, t=1.0), "node2": state("not-started")}))
+    states = {"node0": state("stopped"), "node1": state("exited", 0, t=1.0), "node2": state("not-started")}
+    v = judge(doc(states))
     assert [r["verdict"] for r in v["nodes"]] == ["stopped (stop.yml)", "finished", "not started"]
     assert v["failed"] == []
 
