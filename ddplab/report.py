@@ -130,6 +130,11 @@ def markdown(run_dir, table, merged):
             value = merged[key]
             text = ", ".join(map(str, value)) if isinstance(value, list) else _fmt(value)
             lines.append(f"- {key}: {text}")
+    if merged.get("collected"):
+        missing = merged.get("not_collected") or []
+        lines.append(f"- logs collected from: {', '.join(merged['collected'])}"
+                     + (f" (not collected: {', '.join(missing)}; playbooks/collect_logs.yml -l HOST adds one)"
+                        if missing else ""))
     lines += ["", "| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(row[k]) for _, k in COLUMNS) + " |" for row in table]
     code = merged.get("code") or {}
@@ -167,7 +172,8 @@ def plot(ranks, path):
     os.replace(tmp, path)
 
 
-def write_report(run_dir):
+def write_report(run_dir, nodes=()):
+    """nodes: every node of the lab (a collect under --limit says which of them it holds)."""
     run_dir = Path(run_dir)
     ranks, run_summary = load_run(run_dir)
     table = [_row(r) for r in ranks]
@@ -176,7 +182,10 @@ def write_report(run_dir):
     merged.update(run_id=run_dir.name, ranks=table, has_metrics=any(r["rows"] for r in ranks),
                   exit_codes={f"{r['host']}/rank{r['rank']}" if r["rank"] is not None
                               else f"{r['host']}/node{r.get('node_rank')}": r["exit"] for r in ranks},
-                  all_exited_zero=all(r["exit"] == 0 for r in ranks))
+                  all_exited_zero=all(r["exit"] == 0 for r in ranks),
+                  collected=sorted(p.name for p in run_dir.iterdir() if p.is_dir()))
+    if nodes:
+        merged["not_collected"] = [n for n in nodes if n not in merged["collected"]]
     if code:
         merged.update(code=code, code_identical=len({c["hash"] for c in code.values()}) == 1)
     files = {"report.md": markdown(run_dir, table, merged),
@@ -191,10 +200,11 @@ def write_report(run_dir):
 
 
 def cmd_report(args):
-    print(write_report(args.run_dir))
+    print(write_report(args.run_dir, [n for n in args.nodes.split(",") if n]))
 
 
 def add_parser(sub):
     p = sub.add_parser("report", help="merge a collected run into report.md, summary.json, loss.png")
     p.add_argument("run_dir", help="runs/<run_id> as written by playbooks/collect_logs.yml")
+    p.add_argument("--nodes", default="", help="every node of the lab, comma-separated (named when not collected)")
     p.set_defaults(func=cmd_report)
