@@ -206,5 +206,5 @@ def cmd_report(args):
 def add_parser(sub):
     p = sub.add_parser("report", help="merge a collected run into report.md, summary.json, loss.png")
     p.add_argument("run_dir", help="runs/<run_id> as written by playbooks/collect_logs.yml")
-    p.add_argument("--nodes", default="", help="every node of the lab, comma-separated (named when not collected)")
+    p.add_argument("--nodes", default="", help="every node of the lab, comma-separated")
     p.set_defaults(func=cmd_report)
