@@ -1,0 +1,125 @@
+"""`--limit` on every playbook, on 2 simulated hosts (issue: work on part of the lab).
+
+A module fixture launches one finished run; each test then works on part of the lab and can run alone.
+"""
+
+import json
+import shutil
+import time
+
+import pytest
+from orch_helpers import make_shards, playbook, tail
+
+pytestmark = [pytest.mark.slow, pytest.mark.simlan]
+
+COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 30}
+RUN = "lim-a"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    shards = make_shards(tmp_path_factory.getbasetemp() / "shards")
+    runs = tmp_path_factory.mktemp("limit-runs")
+    return {"ddplab_data_dir": shards, "ddplab_runs_dir": runs, **COMMON}
+
+
+@pytest.fixture(scope="module")
+def finished(simlan_cluster, lab):
+    """A 2-host cluster with run lim-a finished (both ranks exited 0); discarded after the module."""
+    cluster = simlan_cluster(2)
+    proc = playbook("launch.yml", inventory=cluster.inventory_dir, timeout=420,
+                    extra={**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 3, "ddplab_run_id": RUN})
+    assert proc.returncode == 0, tail(proc)
+    yield cluster
+    simlan_cluster.discard()
+
+
+def rows(proc):
+    """{host: verdict} from status.yml's table lines."""
+    out = {}
+    for line in proc.stdout.splitlines():
+        line = line.strip().strip('",')
+        for host in ("node0", "node1"):
+            if line.startswith(f"{host} ") and " rank " in line:
+                out[host] = line.split(" rank ", 1)[1][3:].split(" step ")[0].strip()
+    return out
+
+
+@pytest.mark.parametrize("chosen,other", [("node0", "node1"), ("node1", "node0")])
+def test_status_limit_lists_the_others_as_not_asked(finished, lab, chosen, other):
+    proc = playbook("status.yml", "-l", chosen, inventory=finished.inventory_dir, extra=lab)
+    assert proc.returncode == 0, tail(proc)
+    got = rows(proc)
+    assert got[chosen] == "finished", tail(proc)
+    assert got[other] == "not asked (left out by --limit)", tail(proc)
+    assert "unreachable" not in got.values() and "no answer over SSH" not in proc.stdout
+    assert f"failed first: unknown ({other} not asked" in proc.stdout
+
+
+def test_collect_limit_keeps_what_was_collected_from_the_others(finished, lab):
+    run = lab["ddplab_runs_dir"] / RUN
+    shutil.rmtree(run, ignore_errors=True)
+    one = playbook("collect_logs.yml", "-l", "node1", inventory=finished.inventory_dir, extra=lab)
+    assert one.returncode == 0, tail(one)
+    assert (run / "node1" / "launch.log").exists() and not (run / "node0").exists()
+    assert "- logs collected from: node1 (not collected: node0" in (run / "report.md").read_text()
+    two = playbook("collect_logs.yml", "-l", "node0", inventory=finished.inventory_dir, extra=lab)
+    assert two.returncode == 0, tail(two)
+    assert (run / "node1" / "launch.log").exists() and (run / "node0" / "launch.log").exists()
+    assert "- logs collected from: node0, node1\n" in (run / "report.md").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
+
+
+def test_launch_with_a_limit_is_refused_before_anything_starts(finished, lab):
+    before = finished.exec("node1", ["cat", "/root/ddplab/last_run"], timeout=30).stdout
+    for name in ("launch.yml", "start.yml"):
+        proc = playbook(name, "-l", "node1", inventory=finished.inventory_dir,
+                        extra={**lab, "ddplab_run_id": "x"})
+        assert proc.returncode != 0
+        want = "ddplab: error: --limit leaves out node0: a run trains on every node"
+        assert want in proc.stdout, tail(proc)
+        assert "Traceback" not in proc.stdout + proc.stderr
+    assert finished.exec("node1", ["cat", "/root/ddplab/last_run"], timeout=30).stdout == before
+
+
+def test_a_limit_that_matches_no_node_fails(finished, lab):
+    proc = playbook("status.yml", "-l", "nosuchnode", inventory=finished.inventory_dir, extra=lab)
+    assert proc.returncode != 0
+    assert "nosuchnode" in proc.stdout + proc.stderr
+
+
+def test_status_and_stop_limit_while_a_run_is_running(finished, lab):
+    inv = finished.inventory_dir
+    start = playbook("launch.yml", inventory=inv, timeout=420,
+                     extra={**lab, "ddplab_trainer_steps": 100000, "ddplab_run_id": "lim-live"})
+    assert start.returncode == 0, tail(start)
+    try:
+        time.sleep(3)
+        st = playbook("status.yml", "-l", "node1", inventory=inv, extra=lab)
+        assert st.returncode == 0, tail(st)
+        got = rows(st)
+        assert got == {"node0": "not asked (left out by --limit)", "node1": "running"}, tail(st)
+        stop = playbook("stop.yml", "-l", "node1", inventory=inv, extra=lab)
+        assert stop.returncode == 0, tail(stop)
+        want = "the ranks on node0 were not asked (--limit): they stop on their own"
+        assert want in stop.stdout, tail(stop)
+    finally:
+        done = playbook("stop.yml", inventory=inv, extra=lab)
+        assert done.returncode == 0, tail(done)
+
+
+def test_prepare_limit_brings_a_wiped_node_back(finished, lab):
+    inv = finished.inventory_dir
+    node0_addr = finished.host("node0").addr
+    finished.exec("node1", ["rm", "-rf", "/root/ddplab"], timeout=30, check=True)
+    finished.exec("node1", ["ufw", "--force", "reset"], timeout=60, check=True)
+    prep = playbook("prepare.yml", "-l", "node1", inventory=inv, timeout=600, extra=lab)
+    assert prep.returncode == 0, tail(prep)
+    rules = finished.exec("node1", ["ufw", "show", "added"], timeout=30).stdout
+    assert f"ufw allow from {node0_addr} comment 'ddplab'" in rules, rules
+    run = playbook("launch.yml", inventory=inv, timeout=420,
+                   extra={**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 3, "ddplab_run_id": "lim-b"})
+    assert run.returncode == 0, tail(run)
+    summary = json.loads((lab["ddplab_runs_dir"] / "lim-b" / "summary.json").read_text())
+    assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
