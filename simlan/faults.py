@@ -7,7 +7,6 @@ import contextlib
 import os
 import signal
 import time
-from pathlib import Path
 
 from simlan import network
 from simlan.defaults import READY_TIMEOUT, SSHD
@@ -60,14 +59,14 @@ def sshd(cluster: Cluster, name: str, action: str, *, cut: bool = False,
         if cluster.sshd_listeners(name):
             done.append("sshd already running")
         else:
-            cfg, log = Path(h.dir) / "sshd_config", Path(h.dir) / "sshd.log"
+            cfg, log = cluster.sshd_config(name), cluster.sshd_log(name, inside=True)
             cluster.exec(name, ["bash", "-c", f"setsid {SSHD} -D -e -f {cfg} >>{log} 2>&1 </dev/null &"],
-                      timeout=10, check=True)
+                         timeout=10, check=True)
             deadline = time.monotonic() + timeout
             while not ssh_answers(h.addr):
                 if time.monotonic() > deadline:
                     raise SimlanError(f"{name}: sshd did not answer on {h.addr}:22 within "
-                                      f"{timeout:g} s; see {log}")
+                                      f"{timeout:g} s; see {cluster.sshd_log(name)}")
                 time.sleep(0.05)
             done.append(f"started sshd (pid {', '.join(map(str, cluster.sshd_listeners(name)))})")
     if not done:
