@@ -182,7 +182,7 @@ def test_cpu_quota_is_applied_to_every_process_of_the_host(simlan_stock, simlan_
     assert f"/simlan{os.environ.get('SIMLAN_LAB', '0') or '0'}/node1" in login.stdout, login.stdout
     # `exec` joins it too. CFS allows at most ~50 ms of CPU per 100 ms period (plus a tick of slack), so a
     # busy loop needs ~2x its CPU time in wall time however busy the machine is (contention only adds wall).
-    loop = ("import time, resource; w=time.perf_counter(); n=0\n"
+    loop = ("import time; w=time.perf_counter(); n=0\n"
             "while time.process_time() < 0.6: n+=1\n"
             "print(time.perf_counter()-w, time.process_time())")
     wall, cpu = map(float, c.exec("node1", ["python3", "-c", loop], check=True).stdout.split())
