@@ -35,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="ansible_python_interpreter for the hosts (default: the venv Python running simlan)")
     u.add_argument("--keep", action="append", default=[],
                    help="another path under root's home to keep visible in the hosts' private home")
+    u.add_argument("--stock", action="store_true",
+                   help="hosts that look like a fresh Debian 12 install: own root filesystem (built once "
+                        "with debootstrap, cached in /var/cache/ddplab-simlan), login user `lab` with a "
+                        "sudo password, package registries reachable through NAT (see simlan/README.md)")
+    u.add_argument("--cpu-quota", action="append", default=[], metavar="HOST=PERCENT",
+                   help="run HOST at PERCENT of one core (cgroup CPU bandwidth), e.g. node1=50; repeatable")
     u.add_argument("--force", action="store_true", help="recreate the cluster if one is already up")
 
     e = sub.add_parser("exec", help="run a command inside a host: exec NODE -- CMD ...")
@@ -58,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _table(rows: list[dict]) -> str:
     cols = [("host", "HOST"), ("address", "ADDRESS"), ("pid1", "PID 1"), ("sshd", "SSHD"),
-            ("rate", "RATE"), ("cpu", "CPU")]
+            ("rate", "RATE"), ("cpu", "CPU"), ("quota", "QUOTA")]
     cells = [[h for _, h in cols]] + [[str(r[k] if r[k] is not None else "dead") for k, _ in cols]
                                       for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
@@ -86,9 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             c = cluster_mod.up(args.nodes, rate=args.rate, cpus=args.cpus, syn_retries=args.syn_retries,
                                force=args.force, inventory_dir=args.inventory, python=args.python,
-                               keep=tuple(args.keep))
-            print(f"simlan: {'already up' if c.reused else 'up'}: {len(c.hosts)} host(s) on "
+                               keep=tuple(args.keep), stock=args.stock, cpu_quota=tuple(args.cpu_quota))
+            print(f"simlan: {'already up' if c.reused else 'up'}: {len(c.hosts)} "
+                  f"{'stock ' if c.stock else ''}host(s) on "
                   f"{network.BRIDGE} {network.GATEWAY}/{network.PREFIX_LEN}; inventory {c.inventory_dir}")
+            if c.egress:
+                allowed = c.egress["allowed"]
+                print(f"simlan: package traffic allowed (NAT): tcp 80,443 to {', '.join(allowed['web'])} "
+                      f"({', '.join(allowed['registries'])}); dns to {', '.join(allowed['dns'])}")
             print(_table(c.status()))
             return 0
         if args.command == "status":

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from simlan import cluster as simlan
-from simlan.network import BRIDGE, host_addr, netns_exists
+from simlan.network import BRIDGE, host_addr, netns_exists, netns_name
 from simlan.system import is_alive, missing_tools
 
 pytestmark = pytest.mark.simlan
@@ -122,7 +122,7 @@ def test_down_removes_everything_and_is_safe_twice(simlan2, simlan_cli):
     assert down.returncode == 0, down.stderr
     assert not any(is_alive(h.pid1, h.pid1_start) or is_alive(h.unshare_pid, h.unshare_start)
                    for h in c.hosts)
-    assert not any(netns_exists(h.name) for h in c.hosts)
+    assert not any(netns_exists(netns_name(h.name)) for h in c.hosts)
     assert subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, timeout=10).returncode != 0
     assert not c.state_dir.exists()
     assert not (c.inventory_dir / "hosts.yml").exists() and not (c.inventory_dir / ".ssh/id_ed25519").exists()
@@ -145,7 +145,7 @@ def test_failed_up_leaves_nothing_behind(simlan2, simlan_cli):
     assert proc.stderr.startswith("simlan: error: node0: tc refused rate 'very-fast'")
     assert proc.stderr.count("\n") == 1
     assert simlan.load() is None
-    assert not netns_exists("node0") and not netns_exists("node1")
+    assert not netns_exists(netns_name("node0")) and not netns_exists(netns_name("node1"))
     assert subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, timeout=10).returncode != 0
 
 
