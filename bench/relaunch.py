@@ -57,8 +57,8 @@ def bare_run(cluster, steps: int, run_id: str, lab: str = "/root/ddplab") -> flo
     t0 = time.perf_counter()
     procs = []
     for rank, name in enumerate(names):
-        torchrun = (f'"$(cat {lab}/python)" -m torch.distributed.run --nnodes {len(names)} --nproc-per-node 1 '
-                    f"--node-rank {rank} --master-addr {master} --master-port 29500 --rdzv-conf timeout=60 "
+        torchrun = (f'"$(cat {lab}/python)" -m torch.distributed.run --nnodes {len(names)} '
+                    f"--nproc-per-node 1 --node-rank {rank} --master-addr {master} --master-port 29500 --rdzv-conf timeout=60 "
                     f"-m trainer --data {lab}/data --out {run_dir}/out --run-id {run_id} --steps {steps} "
                     f"--depth 2 --threads 1")
         script = (f"mkdir -p {run_dir} && cd {run_dir} && GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 "
@@ -125,7 +125,8 @@ def write(results: list[dict]) -> None:
                                                  "cpus": os.cpu_count()}, indent=2) + "\n")
     lines = ["# Relaunch on a prepared cluster: launch.yml vs bare ssh + tmux", "",
              "Medians of interleaved rounds, [min-max]; ratio per round, then its median.", "",
-             "| hosts | launch.yml -e ddplab_wait=true (s) | bare ssh+tmux (s) | ratio | no-change prepare.yml (s) |",
+             "| hosts | launch.yml -e ddplab_wait=true (s) | bare ssh+tmux (s) | ratio "
+             "| no-change prepare.yml (s) |",
              "|---|---|---|---|---|"]
     for r in results:
         def f(d):
