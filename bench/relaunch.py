@@ -58,7 +58,8 @@ def bare_run(cluster, steps: int, run_id: str, lab: str = "/root/ddplab") -> flo
     procs = []
     for rank, name in enumerate(names):
         torchrun = (f'"$(cat {lab}/python)" -m torch.distributed.run --nnodes {len(names)} '
-                    f"--nproc-per-node 1 --node-rank {rank} --master-addr {master} --master-port 29500 --rdzv-conf timeout=60 "
+                    f"--nproc-per-node 1 --node-rank {rank} --master-addr {master} --master-port 29500 "
+                    "--rdzv-conf timeout=60 "
                     f"-m trainer --data {lab}/data --out {run_dir}/out --run-id {run_id} --steps {steps} "
                     f"--depth 2 --threads 1")
         script = (f"mkdir -p {run_dir} && cd {run_dir} && GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 "
