@@ -22,7 +22,9 @@ from trainer import checkpoint
 from trainer import dist as D
 from trainer.comm import GradComm
 from trainer.config import TrainConfig, UsageError, parse_config
-from trainer.data import VOCAB_SIZE, ShardLoader, open_dataset
+from trainer.data.loader import ShardLoader
+from trainer.data.shards import Dataset, open_dataset
+from trainer.data.tokenizer import VOCAB_SIZE
 from trainer.device import autocast_context, banner, cpu_has_bf16, resolve_dtype, setup_threads
 from trainer.metrics import CommTimer, JsonlWriter, progress_line, summarize_steps
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
@@ -69,8 +71,10 @@ def write_json(path: Path, obj) -> None:
     checkpoint.atomic_write(Path(path), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
-def _setup_checks(cfg: TrainConfig, di: D.DistInfo) -> dict:
-    """Everything that can go wrong with this rank's input, as a status every rank will see."""
+def _setup_checks(cfg: TrainConfig, di: D.DistInfo) -> tuple[dict, Dataset | None]:
+    """Everything that can go wrong with this rank's input, as a status every rank will see, and the
+    opened data set (None on an error). Opening it hashes every shard: done once per start, here."""
+    ds = None
     st = {"rank": di.rank, "host": D.hostname(), "addr": D.node_address(), "error": None,
           "bf16_units": cpu_has_bf16() if cfg.device == "cpu" else None}
     try:
@@ -86,7 +90,7 @@ def _setup_checks(cfg: TrainConfig, di: D.DistInfo) -> dict:
                              f"continue it, or choose a new --out")
     except UsageError as e:
         st["error"] = str(e)
-    return st
+    return st, ds
 
 
 def _agree(statuses: list[dict]) -> None:
@@ -159,15 +163,15 @@ def run(cfg: TrainConfig) -> int:
     threads = setup_threads(cfg.threads, di.local_world_size)
 
     # 1. every rank checks its own input; all ranks see all results before anything is written
-    statuses = D.all_gather_object(_setup_checks(cfg, di))
-    _agree(statuses)
+    mine, ds = _setup_checks(cfg, di)
+    statuses = D.all_gather_object(mine)
+    _agree(statuses)  # raises unless every rank opened the same data set
     hosts = [s["host"] for s in statuses]
     _PEERS[:] = [{"rank": s["rank"], "host": s["host"], "addr": s["addr"]} for s in statuses]
     dtype, why = statuses[di.rank]["dtype"], statuses[di.rank]["why"]
     if len({s["dtype"] for s in statuses}) > 1:  # auto chose bf16 on some nodes only: all use fp32
         dtype, why = "fp32", "auto: not every node has bf16 units"
     run_id = D.broadcast_object(cfg.run_id or time.strftime("run-%Y%m%d-%H%M%S"))
-    ds = open_dataset(cfg.data)
 
     # 2. model, optimizer, data, resumed state
     gcfg = GPTConfig(vocab_size=VOCAB_SIZE, seq_len=cfg.seq_len, n_layer=cfg.depth, n_embd=cfg.n_embd,

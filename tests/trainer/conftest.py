@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # the trainer package is importable without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
-from trainer.data import prepare  # noqa: E402
+from trainer.data.shards import prepare  # noqa: E402
 
 # tiny model and run: depth 1, width 64, seq 32, one thread per rank
 TINY = ["--depth", "1", "--seq-len", "32", "--batch-size", "4", "--threads", "1", "--log-every", "5"]
