@@ -26,9 +26,10 @@ from trainer.data.loader import ShardLoader
 from trainer.data.shards import Dataset, open_dataset
 from trainer.data.tokenizer import VOCAB_SIZE
 from trainer.device import autocast_context, banner, cpu_has_bf16, resolve_dtype, setup_threads
-from trainer.metrics import CommTimer, JsonlWriter, progress_line, summarize_steps
+from trainer.metrics import CommTimer, JsonlWriter, progress_line
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
 from trainer.resilience import StragglerWatch, is_comm_failure, lost_peer_line
+from trainer.summary import rank_summary, run_summary
 
 # every rank's host and address, gathered at start: a rank that loses a peer names it
 _PEERS: list[dict] = []
@@ -279,36 +280,21 @@ def run(cfg: TrainConfig) -> int:
     metrics.close()
 
     # 4. summaries
-    mine = summarize_steps(records, max(cfg.timing_warmup_steps, comm.timing_skip)) if records else {}
-    rank_summary = {"rank": di.rank, "host": hosts[di.rank], "steps_run": len(records),
-                    "loss_first": loss_first, "loss_last": records[-1]["loss"] if records else None,
-                    "final_param_sha256": final_sha, "row_groups_read": sorted(loader.seen),
-                    "data_position": loader.state_dict()} | mine
-    write_json(out / f"summary.rank{di.rank}.json", rank_summary)
-    per_rank = D.all_gather_object(rank_summary)
+    mine = rank_summary(rank=di.rank, host=hosts[di.rank], records=records,
+                        timing_skip=max(cfg.timing_warmup_steps, comm.timing_skip), loss_first=loss_first,
+                        final_param_sha256=final_sha, row_groups_read=loader.seen,
+                        data_position=loader.state_dict())
+    write_json(out / f"summary.rank{di.rank}.json", mine)
+    per_rank = D.all_gather_object(mine)
     if D.is_main_process():
-        fpt = flops_per_token(gcfg)
-        summary = {
-            "run_id": run_id, "params": n_params, "world_size": di.world_size, "steps": cfg.steps,
-            "resumed_from_step": start_step if resumed is not None else None,
-            "tokens_per_step": tokens_per_step, "tokens_per_sec": mine.get("tokens_per_sec"),
-            "allreduce_ms_p50": mine.get("allreduce_ms_p50"),
-            "allreduce_ms_p95": mine.get("allreduce_ms_p95"),
-            "step_ms_p50": mine.get("step_ms_p50"), "compute_ms_p50": mine.get("compute_ms_p50"),
-            "exposed_ms_p50": mine.get("exposed_ms_p50"),
-            "allreduce_bytes_per_step": mine.get("allreduce_bytes_per_step"),
-            "comm_compute_ratio": mine.get("comm_compute_ratio"),
-            "byte_equivalent": len({r["final_param_sha256"] for r in per_rank}) == 1,
-            "final_param_sha256": final_sha, "torch_version": torch.__version__, "dtype": dtype,
-            "dtype_why": why, "threads": threads, "hosts": hosts, "data_digest": ds.digest,
-            "loss_first": loss_first, "loss_last": rank_summary["loss_last"], **comm.summary(),
-            "bucket_cap_mb": cfg.bucket_cap_mb,
-            "flops_per_token": fpt, "mfu": None,  # no known peak FLOP/s for a CPU
-            "est_memory_bytes_per_rank": mem,
-            "ranks": [{k: r.get(k) for k in ("rank", "host", "tokens_per_sec", "step_ms_p50", "loss_last")}
-                      for r in per_rank],
-        }
-        write_json(out / "summary.json", summary)
+        facts = {"run_id": run_id, "params": n_params, "world_size": di.world_size, "steps": cfg.steps,
+                 "resumed_from_step": start_step if resumed is not None else None,
+                 "tokens_per_step": tokens_per_step, "torch_version": torch.__version__, "dtype": dtype,
+                 "dtype_why": why, "threads": threads, "hosts": hosts, "data_digest": ds.digest,
+                 **comm.summary(), "bucket_cap_mb": cfg.bucket_cap_mb,
+                 "flops_per_token": flops_per_token(gcfg), "mfu": None,  # no known peak FLOP/s for a CPU
+                 "est_memory_bytes_per_rank": mem}
+        write_json(out / "summary.json", run_summary(per_rank, facts))
     D.barrier()
     D.print0("ddplab: done")
     return 0
