@@ -8,7 +8,6 @@ Exit codes: 0 done, 2 bad input (one `ddplab: error:` line), 3 ranks disagree (d
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -20,12 +19,12 @@ import torch
 
 from trainer import checkpoint
 from trainer import dist as D
+from trainer.agreement import agree, check_params_agree, setup_checks
 from trainer.comm import GradComm
 from trainer.config import TrainConfig, UsageError, parse_config
 from trainer.data.loader import ShardLoader
-from trainer.data.shards import Dataset, open_dataset
 from trainer.data.tokenizer import VOCAB_SIZE
-from trainer.device import autocast_context, banner, cpu_has_bf16, resolve_dtype, setup_threads
+from trainer.device import autocast_context, banner, setup_threads
 from trainer.metrics import CommTimer, JsonlWriter, progress_line
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
 from trainer.resilience import StragglerWatch, is_comm_failure, lost_peer_line
@@ -33,9 +32,6 @@ from trainer.summary import rank_summary, run_summary
 
 # every rank's host and address, gathered at start: a rank that loses a peer names it
 _PEERS: list[dict] = []
-
-# settings that must match between a checkpoint and the run that resumes it
-_RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps")
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -47,113 +43,8 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def param_sha256(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def check_params_agree(model, step: int, hosts: list[str]) -> str:
-    """All ranks compare a checksum of their parameters; a mismatch names the ranks (exit 3)."""
-    mine = param_sha256(model)
-    shas = D.all_gather_object(mine)
-    bad = [r for r, s in enumerate(shas) if s != shas[0]]
-    if bad:
-        who = ", ".join(f"rank {r} on {hosts[r]} sha256 {shas[r][:12]}" for r in bad)
-        raise D.RanksDisagree(f"parameters differ after step {step}: rank 0 on {hosts[0]} sha256 "
-                              f"{shas[0][:12]} vs {who}; the ranks no longer train one model (check that "
-                              f"every node runs the same ddplab and torch version)")
-    return mine
-
-
 def write_json(path: Path, obj) -> None:
     checkpoint.atomic_write(Path(path), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
-def _setup_checks(cfg: TrainConfig, di: D.DistInfo) -> tuple[dict, Dataset | None]:
-    """Everything that can go wrong with this rank's input, as a status every rank will see, and the
-    opened data set (None on an error). Opening it hashes every shard: done once per start, here."""
-    ds = None
-    st = {"rank": di.rank, "host": D.hostname(), "addr": D.node_address(), "error": None,
-          "bf16_units": cpu_has_bf16() if cfg.device == "cpu" else None}
-    try:
-        st["dtype"], st["why"] = resolve_dtype(cfg)
-        ds = open_dataset(cfg.data)
-        st["digest"], st["files"] = ds.digest, ds.files
-        ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)  # world size vs row groups
-        out = Path(cfg.out)
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {out} exists and is not a folder; choose another path")
-        if di.rank == 0 and not cfg.resume and checkpoint.list_checkpoints(out):
-            raise UsageError(f"--out {out} already holds checkpoints of an earlier run; add --resume to "
-                             f"continue it, or choose a new --out")
-    except UsageError as e:
-        st["error"] = str(e)
-    return st, ds
-
-
-def _agree(statuses: list[dict]) -> None:
-    failed = [s for s in statuses if s["error"]]
-    if failed:
-        if len(statuses) == 1:
-            raise UsageError(failed[0]["error"])
-        by_msg: dict[str, list[str]] = {}
-        for s in failed:
-            by_msg.setdefault(s["error"], []).append(f"rank {s['rank']} on {s['host']}")
-        raise UsageError("; ".join(f"{', '.join(who)}: {msg}" for msg, who in by_msg.items()))
-    ref = statuses[0]
-    diff = [s for s in statuses if s["digest"] != ref["digest"]]
-    if diff:
-        parts = []
-        for s in diff:
-            a, b = ref["files"], s["files"]
-            changed = sorted(f for f in set(a) & set(b) if a[f] != b[f])
-            only0, only_r = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-            what = "; ".join(x for x in (
-                f"differing files: {', '.join(changed[:5])}" if changed else "",
-                f"only on rank 0: {', '.join(only0[:5])}" if only0 else "",
-                f"only on rank {s['rank']}: {', '.join(only_r[:5])}" if only_r else "") if x)
-            parts.append(f"rank {s['rank']} on {s['host']} has data digest {s['digest'][:12]} "
-                         f"({len(b)} files), rank 0 on {ref['host']} has {ref['digest'][:12]} "
-                         f"({len(a)} files)"
-                         f"{': ' + what if what else ''}")
-        raise D.RanksDisagree("ranks would train on different data: " + " | ".join(parts) +
-                              "; fix: run the same `python -m trainer.data prepare` on every node or copy "
-                              "the master's shard folder")
-
-
-def _load_resume_state(cfg: TrainConfig, data_digest: str, world_size: int):
-    """Rank 0 reads the newest valid checkpoint; every rank gets it (or an error) by broadcast."""
-    payload = None
-    if D.is_main_process():
-        state, path, warnings = checkpoint.load_latest(cfg.out)
-        for w in warnings:
-            print(f"ddplab: warning: {w}", file=sys.stderr, flush=True)
-        if state is None:
-            payload = {"none": True}
-        else:
-            old = state["config"]
-            bad = [k for k in _RESUME_MUST_MATCH if old.get(k) != getattr(cfg, k)]
-            if bad:
-                payload = {"error": f"checkpoint {path} was written with " + ", ".join(
-                    f"--{k.replace('_', '-')} {old.get(k)}" for k in bad) + "; this run asks for " +
-                    ", ".join(f"{getattr(cfg, k)}" for k in bad) + "; resume with the same settings"}
-            elif state["data_digest"] != data_digest:
-                payload = {"error": f"checkpoint {path} was trained on data digest "
-                                    f"{state['data_digest'][:12]}, --data has {data_digest[:12]}; "
-                                    f"resume on the same shards"}
-            elif state["world_size"] != world_size:
-                payload = {"error": f"checkpoint {path} was written by {state['world_size']} ranks, this run "
-                                    f"has {world_size}; resume with the same number of ranks"}
-            else:
-                payload = state
-                payload["path"] = str(path)
-    payload = D.broadcast_state(payload)
-    if "error" in payload:
-        raise UsageError(payload["error"])
-    return None if payload.get("none") else payload
 
 
 def run(cfg: TrainConfig) -> int:
@@ -164,9 +55,9 @@ def run(cfg: TrainConfig) -> int:
     threads = setup_threads(cfg.threads, di.local_world_size)
 
     # 1. every rank checks its own input; all ranks see all results before anything is written
-    mine, ds = _setup_checks(cfg, di)
+    mine, ds = setup_checks(cfg, di)
     statuses = D.all_gather_object(mine)
-    _agree(statuses)  # raises unless every rank opened the same data set
+    agree(statuses)  # raises unless every rank opened the same data set
     hosts = [s["host"] for s in statuses]
     _PEERS[:] = [{"rank": s["rank"], "host": s["host"], "addr": s["addr"]} for s in statuses]
     dtype, why = statuses[di.rank]["dtype"], statuses[di.rank]["why"]
@@ -186,7 +77,7 @@ def run(cfg: TrainConfig) -> int:
                             betas=(0.9, 0.95), eps=1e-8)
     loader = ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)
     start_step, loss_first = 0, None
-    resumed = _load_resume_state(cfg, ds.digest, di.world_size) if cfg.resume else None
+    resumed = checkpoint.load_for_resume(cfg, ds.digest, di.world_size) if cfg.resume else None
     if resumed is not None:
         raw.load_state_dict(resumed["model"])
         opt.load_state_dict(resumed["optim"])
