@@ -9,13 +9,11 @@ the last test discards it.
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "orchestrator"))
-from orch_helpers import playbook, tail  # noqa: E402
+from tests.helpers.playbooks import playbook, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 

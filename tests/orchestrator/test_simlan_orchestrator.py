@@ -12,7 +12,8 @@ import threading
 import time
 
 import pytest
-from orch_helpers import REPO, make_shards, playbook, recap, tail
+
+from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, env
 
+from tests.helpers.trainer_runs import REPO, env
 from trainer.config import FIELD_HELP, TrainConfig, UsageError, check_args, parse_config
 
 

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, TINY, env, error_lines, free_port
+
+from tests.helpers.trainer_runs import REPO, TINY, env, error_lines, free_port
 
 pytestmark = pytest.mark.slow
 

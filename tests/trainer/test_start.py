@@ -2,8 +2,7 @@
 
 import json
 
-from conftest import TINY
-
+from tests.helpers.trainer_runs import TINY
 from trainer import train
 from trainer.data import shards as shards_mod
 
