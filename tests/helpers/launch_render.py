@@ -1,7 +1,7 @@
 """Render the launch role's real templates (launch.sh.j2, trainer.env.j2) for one node, without Ansible.
 
-The variables are what a play gives the launch role: the ddplab role's defaults and the launch role's
-defaults (both read from roles/*/defaults/main.yml and resolved lazily, as Ansible does), plus the facts
+The variables are what a play gives the launch role: the ddplab role's defaults, the launch role's
+defaults and vars (read from roles/*/{defaults,vars}/main.yml and resolved lazily, as Ansible does), the facts
 that tasks set (`facts`, given explicitly by the test). Undefined variables fail loudly (StrictUndefined),
 so a renamed variable breaks the test instead of rendering an empty string. The few Ansible filters the
 templates and defaults use are re-implemented here with Ansible's meaning.
@@ -82,11 +82,16 @@ def role_defaults(role: str) -> dict:
     return yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {}
 
 
+def role_vars(role: str) -> dict:
+    path = ROLES / role / "vars" / "main.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
 def render_launch(facts: dict, *, inventory_hostname: str = "node0") -> dict[str, str]:
     """{template name without .j2: rendered text} for one node; `facts` also override any default."""
     play = {"playbook_dir": str(REPO / "playbooks"), "inventory_hostname": inventory_hostname,
             "ansible_managed": "Ansible managed (rendered by tests/helpers/launch_render.py)"}
-    variables = _Vars(play | role_defaults("ddplab") | role_defaults("launch") | facts)
+    variables = _Vars(play | role_defaults("ddplab") | role_defaults("launch") | role_vars("launch") | facts)
     env = _setup(jinja2.Environment(loader=jinja2.FileSystemLoader(ROLES / "launch" / "templates"),
                                     undefined=jinja2.StrictUndefined, trim_blocks=True,
                                     keep_trailing_newline=True))
