@@ -1,9 +1,9 @@
-"""python -m ddplab {report,follow,status}: control-side tools next to the Ansible playbooks."""
+"""python -m ddplab {report,follow,status,code-check}: control-side tools next to the Ansible playbooks."""
 
 import argparse
 import sys
 
-from ddplab import follow, report, status
+from ddplab import code_check, follow, report, status
 from ddplab.errors import DdplabError
 
 
@@ -13,6 +13,7 @@ def main(argv=None):
     report.add_parser(sub)
     follow.add_parser(sub)
     status.add_parser(sub)
+    code_check.add_parser(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args) or 0
