@@ -1,9 +1,9 @@
-"""python -m ddplab {report,follow}: control-side tools next to the Ansible playbooks."""
+"""python -m ddplab {report,follow,validate,settings}: control-side tools next to the Ansible playbooks."""
 
 import argparse
 import sys
 
-from ddplab import follow, report
+from ddplab import follow, report, settings
 from ddplab.errors import DdplabError
 
 
@@ -12,6 +12,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     report.add_parser(sub)
     follow.add_parser(sub)
+    settings.add_parser(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args) or 0
