@@ -88,7 +88,8 @@ def _wheel_versions(folder: str) -> set[str]:
 def pip_versions(index_url: str, find_links: str) -> tuple[set[str] | None, str]:
     """Versions of torch the configured index offers, or (None, why the index could not be asked)."""
     argv = [sys.executable, "-m", "pip", "index", "versions", "torch", "--disable-pip-version-check",
-            "--timeout", "3", "--retries", "0", "--extra-index-url", CPU_INDEX]
+            "--timeout", "3", "--retries", "0"]
+    argv += ["--extra-index-url", CPU_INDEX] if CPU_INDEX else []
     argv += ["--index-url", index_url] if index_url else []
     argv += ["--find-links", find_links] if "://" in find_links else []  # else a folder on the nodes
     try:
@@ -119,7 +120,7 @@ def torch_pin(v: dict) -> list[Problem]:
                         f"{', '.join(sorted(have)) or 'no torch wheel'})",
                         "a torch version of the configured wheel folder", fix, hosts=[])]
     have, why = pip_versions(index, links)
-    where = f"the index {index or 'PyPI'} (+ {CPU_INDEX})"
+    where = f"the index {index or 'PyPI'}" + (f" (+ {CPU_INDEX})" if CPU_INDEX else "")
     if have is None:
         return [Problem("ddplab_torch_version", f"{pin} could not be checked: {why}",
                         f"a torch version that {where} offers",

@@ -75,7 +75,9 @@ def code(v: dict) -> list[Problem]:
     out = _is_dir("ddplab_code_dir", root, "set it to the folder of your training code on the control host")
     if out:
         return out
-    if entry.startswith("-m"):
+    if not entry:
+        pass  # relations() reports the missing entry point
+    elif entry.startswith("-m"):
         module = entry[2:].strip()
         if not MODULE.fullmatch(module):
             out.append(_p("ddplab_entrypoint", json.dumps(entry),

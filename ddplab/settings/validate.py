@@ -40,12 +40,13 @@ def _render(template: str, context: dict) -> str:
     return env.from_string(template).render(**context)
 
 
-def resolve(given: dict, playbook_dir: str) -> tuple[dict, list[Problem]]:
-    """Typed values of every setting for one host (defaults filled in), and the problems found."""
+def resolve(given: dict, playbook_dir: str, host_only: bool = False) -> tuple[dict, list[Problem]]:
+    """Typed values of every setting for one host (defaults filled in), and the problems found.
+    host_only: only the host settings given (a host outside the play, whose settings were not collected)."""
     values: dict = {}
     problems = []
     for s in SETTINGS:
-        if s.section == HOST and s.name not in given:
+        if (s.section == HOST or host_only) and s.name not in given:
             continue
         raw = given.get(s.name, s.default)
         if s.name not in given and s.jinja:
@@ -58,12 +59,22 @@ def resolve(given: dict, playbook_dir: str) -> tuple[dict, list[Problem]]:
     return values, problems
 
 
+def closest(name: str) -> str | None:
+    """The known setting a typo most likely meant, compared without the common `ddplab_` prefix."""
+    known = {s.name.removeprefix("ddplab_"): s.name for s in SETTINGS}
+    typed = name.removeprefix("ddplab_")
+    close = difflib.get_close_matches(typed, list(known), n=1, cutoff=0.6)
+    if close:
+        return known[close[0]]
+    within = sorted((k for k in known if typed and (typed in k or k in typed)), key=len)
+    return known[within[0]] if within else None
+
+
 def unknown(names: set[str], strict: bool) -> list[Problem]:
     out = []
-    known = [s.name for s in SETTINGS]
     for name in sorted(names - set(BY_NAME) - INTERNAL):
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}?" if close else "remove it, or check the spelling"
+        close = closest(name)
+        hint = f"did you mean {close}?" if close else "remove it, or check the spelling"
         out.append(Problem(name, f"{name} is not a ddplab setting", SETTINGS_DOC, hint, hosts=[],
                            level="error" if strict else "warning"))
     return out
@@ -104,11 +115,12 @@ def from_columns(inv: dict) -> dict:
         return inv
     hosts = {}
     for h, given in inv["given"].items():
-        if given is None:
+        partial = given is None
+        if partial:
             columns = (("ddplab_node_rank", "node_rank"), ("ddplab_addr", "addr"))
             given = {k: inv[col][h] for k, col in columns if inv.get(col, {}).get(h) is not None}
         hosts[h] = {"vars": given, "ansible_host": inv.get("ansible_host", {}).get(h),
-                    "ansible_connection": inv.get("ansible_connection", {}).get(h)}
+                    "ansible_connection": inv.get("ansible_connection", {}).get(h), "partial": partial}
     return {**inv, "hosts": hosts}
 
 
@@ -127,12 +139,15 @@ def validate(inv: dict, *, network: bool = True) -> list[Problem]:
     for h in nodes:
         given = (hosts.get(h) or {}).get("vars") or {}
         names |= {n for n in given if n.startswith("ddplab_")}
-        values[h], found = resolve(given, playbook_dir)
+        values[h], found = resolve(given, playbook_dir, host_only=(hosts.get(h) or {}).get("partial", False))
         for p in found:
             p.hosts = [h]
             bad.add(p.subject)
         problems += found
-    first = values[nodes[0]]
+    full = [h for h in nodes if not (hosts.get(h) or {}).get("partial")]
+    if not full:
+        return problems
+    first = values[full[0]]
     problems += unknown(names, first.get("ddplab_strict", True))
     problems += _consistency(values)
     for check, needs in RUN_CHECKS:
