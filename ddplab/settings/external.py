@@ -11,15 +11,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
 import re
 import subprocess
 import sys
-from importlib import metadata
-
-from packaging.version import InvalidVersion, Version
 
 from ddplab.settings.problems import Problem
 
@@ -74,10 +72,25 @@ def trainer_args(v: dict) -> list[Problem]:
 
 
 def _public(version: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(version).public
     except InvalidVersion:
         return version
+
+
+def control_torch() -> str | None:
+    """The control host's torch version, read from torch/version.py (importing torch takes seconds)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        with open(os.path.join(spec.submodule_search_locations[0], "version.py")) as f:
+            m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read(), re.M)
+    except OSError:
+        return None
+    return m[1] if m else None
 
 
 def _wheel_versions(folder: str) -> set[str]:
@@ -106,11 +119,9 @@ def pip_versions(index_url: str, find_links: str) -> tuple[set[str] | None, str]
 def torch_pin(v: dict) -> list[Problem]:
     pin = v["ddplab_torch_version"]
     fix = f"set ddplab_torch_version to a version that exists there (this control host runs {_installed()})"
-    try:
-        if _public(pin) == _public(metadata.version("torch")):
-            return []
-    except metadata.PackageNotFoundError:
-        pass
+    installed = control_torch()
+    if installed and pin == installed.split("+")[0]:  # the cheap rule: this host runs it
+        return []
     links, index = v["ddplab_pip_find_links"], v["ddplab_pip_index_url"]
     if links and os.path.isdir(links):
         have = _wheel_versions(links)
@@ -134,6 +145,8 @@ def torch_pin(v: dict) -> list[Problem]:
 
 
 def _sort_key(version: str):
+    from packaging.version import InvalidVersion, Version
+
     try:
         return (1, Version(version))
     except InvalidVersion:
@@ -141,7 +154,5 @@ def _sort_key(version: str):
 
 
 def _installed() -> str:
-    try:
-        return _public(metadata.version("torch"))
-    except metadata.PackageNotFoundError:
-        return "no torch"
+    installed = control_torch()
+    return installed.split("+")[0] if installed else "no torch"

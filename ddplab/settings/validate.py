@@ -22,6 +22,7 @@ import argparse
 import difflib
 import json
 import os
+import re
 import sys
 
 from ddplab.settings import external, inputs, layout
@@ -32,12 +33,21 @@ from ddplab.settings.values import coerce, shown
 SETTINGS_DOC = "the settings documented in inventory/example/group_vars/all/"
 
 
-def _render(template: str, context: dict) -> str:
-    import jinja2
+JINJA = re.compile(r"\{\{\s*(\w+)\s*(\|\s*dirname\s*)?\}\}")
 
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    env.filters["dirname"] = os.path.dirname
-    return env.from_string(template).render(**context)
+
+def _render(template: str, context: dict) -> str:
+    """The spec's Jinja defaults, which use only `{{ name }}` and `{{ name | dirname }}` (no jinja2 import:
+    this runs before every playbook)."""
+
+    def one(m):
+        value = str(context[m[1]])
+        return os.path.dirname(value) if m[2] else value
+
+    out = JINJA.sub(one, template)
+    if "{{" in out or "{%" in out:
+        raise ValueError(f"the spec's default {template!r} uses more Jinja than name and | dirname")
+    return out
 
 
 def resolve(given: dict, playbook_dir: str, host_only: bool = False) -> tuple[dict, list[Problem]]:

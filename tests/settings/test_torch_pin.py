@@ -36,6 +36,7 @@ def pin(shards, version, **kw):  # noqa: F811
 def test_control_hosts_torch_is_known_good_without_asking(shards, monkeypatch):  # noqa: F811
     monkeypatch.setattr(external, "pip_versions", lambda *a: pytest.fail("pip was asked"))
     assert pin(shards, metadata.version("torch").split("+")[0]) == []
+    assert external.control_torch() == metadata.version("torch")
 
 
 def test_index_without_the_version(shards, offline_index):  # noqa: F811
