@@ -80,12 +80,13 @@ def closest(name: str) -> str | None:
     return known[within[0]] if within else None
 
 
-def unknown(names: set[str], strict: bool) -> list[Problem]:
+def unknown(names: dict[str, list[str]], strict: bool) -> list[Problem]:
+    """names: each ddplab_* name given -> the hosts that have it."""
     out = []
-    for name in sorted(names - set(BY_NAME) - INTERNAL):
+    for name in sorted(set(names) - set(BY_NAME) - INTERNAL):
         close = closest(name)
         hint = f"did you mean {close}?" if close else "remove it, or check the spelling"
-        out.append(Problem(name, f"{name} is not a ddplab setting", SETTINGS_DOC, hint, hosts=[],
+        out.append(Problem(name, f"{name} is not a ddplab setting", SETTINGS_DOC, hint, hosts=names[name],
                            level="error" if strict else "warning"))
     return out
 
@@ -145,10 +146,12 @@ def validate(inv: dict, *, network: bool = True) -> list[Problem]:
     playbook_dir = inv.get("playbook_dir") or os.path.join(os.getcwd(), "playbooks")
     values: dict[str, dict] = {}
     bad: set[str] = set()
-    names: set[str] = set()
+    names: dict[str, list[str]] = {}
     for h in nodes:
         given = (hosts.get(h) or {}).get("vars") or {}
-        names |= {n for n in given if n.startswith("ddplab_")}
+        for n in given:
+            if n.startswith("ddplab_"):
+                names.setdefault(n, []).append(h)
         values[h], found = resolve(given, playbook_dir, host_only=(hosts.get(h) or {}).get("partial", False))
         for p in found:
             p.hosts = [h]

@@ -88,6 +88,16 @@ def _missing_group(lab):
     return ["-i", str(inv)], "group ddplab_nodes (all): missing in the inventory"
 
 
+def _typos_in_files(lab):
+    """Typos in group_vars and host_vars of a copy of the local inventory (not -e)."""
+    inv = lab["tmp"] / "inv"
+    shutil.copytree(REPO / "inventory" / "local", inv)
+    (inv / "group_vars" / "all" / "typo.yml").write_text("---\nddplab_trainer_stpes: 3\n")
+    (inv / "host_vars").mkdir()
+    (inv / "host_vars" / "local1.yml").write_text("---\nddplab_thread: 2\n")
+    return ["-i", str(inv)], "ddplab_thread (local1): ddplab_thread is not a ddplab setting;"
+
+
 def _missing_entry(lab):
     return ["-e", f"ddplab_code_dir={lab['code']}", "-e", "ddplab_entrypoint=missing.py"], \
         f"ddplab_entrypoint (all): \"missing.py\": {lab['code']}/missing.py does not exist"
@@ -143,6 +153,7 @@ ROWS = {
     "shard_changed": (_changed_shard, None),
     "missing_group": (_missing_group, None),
     "limit_leaves_out_a_node": (["--limit", "local1"], "--limit (all): leaves out local0"),
+    "typos_in_group_and_host_vars": (_typos_in_files, None),
 }
 
 
@@ -161,6 +172,8 @@ def test_bad_input_stops_before_any_node_is_touched(lab, row):
     print(f"\n{row}: {seconds:.2f} s; median so far {median:.2f} s over {len(TIMES)}")
     assert proc.returncode != 0, out[-3000:]
     assert E + message.removeprefix(E) in out, out[-3000:]
+    if row == "typos_in_group_and_host_vars":
+        assert E + "ddplab_trainer_stpes (all): " in out
     assert "Traceback" not in out
     assert "PLAY [Prepare every node]" not in out and "PLAY [Check every node" not in out
     assert not (lab["home"] / "ddplab").exists(), "a lab folder was created"
