@@ -90,3 +90,22 @@ def test_loopback_and_shared_addresses_when_every_node_is_local(shards):  # noqa
 
 def test_the_local_inventory_passes(shards):  # noqa: F811
     assert errors(inventory(shards, connection="local", ddplab_addr="localhost")) == []
+
+
+def test_the_example_inventory_is_valid(shards):  # noqa: F811
+    """inventory/example/hosts.yml as a user copies it (with shards): no error, no warning."""
+    import yaml
+    from settings_helpers import REPO
+
+    example = yaml.safe_load((REPO / "inventory" / "example" / "hosts.yml").read_text())
+    tree = example["ddplab_nodes"]["children"]
+    groups = {g: list(tree[g]["hosts"]) for g in ("ddplab_master", "ddplab_workers")}
+    groups["ddplab_nodes"] = groups["ddplab_master"] + groups["ddplab_workers"]
+    hosts = {}
+    for g in ("ddplab_master", "ddplab_workers"):
+        for name, hv in tree[g]["hosts"].items():
+            given = {k: v for k, v in hv.items() if k.startswith("ddplab_")}
+            given["ddplab_data_dir"] = str(shards)
+            hosts[name] = {"vars": given, "ansible_host": hv["ansible_host"]}
+    inv = {"groups": groups, "hosts": hosts, "playbook_dir": str(REPO / "playbooks")}
+    assert lines(inv) == []
