@@ -3,6 +3,9 @@
 import pytest
 from settings_helpers import errors, inventory, one_error, shards  # noqa: F401
 
+from ddplab.settings.spec import SETTINGS
+from ddplab.settings.values import coerce
+
 BAD = [
     # (setting, value): zero, negative, too large, wrong type, empty string, a dict or string for a list
     ("ddplab_trainer_steps", "-5"), ("ddplab_trainer_steps", 0), ("ddplab_trainer_steps", "abc"),
@@ -83,3 +86,38 @@ def test_per_host_setting_may_differ(shards):  # noqa: F811
     inv["hosts"]["node1"]["vars"]["ddplab_threads"] = 3
     inv["hosts"]["node1"]["vars"]["ddplab_env"] = {"X": "1"}
     assert errors(inv) == []
+
+
+def _neighbours(s):
+    """(value, ok) pairs at the edges of a setting's type and range."""
+    if s.kind == "int":
+        out = [(str(s.min - 1), False), (s.min, True), (str(s.min), True)] if s.min is not None else []
+        out += [(s.max + 1, False), (s.max, True)] if s.max is not None else []
+        return out + [("x", False), ("", False), (1.5, False), (True, False), ([1], False), ({"a": 1}, False)]
+    if s.kind == "bool":
+        return [("maybe", False), ("", False), (2, False), (None, False), ("on", True), ("NO", True)]
+    if s.kind == "list":
+        return [("a", False), ({"a": "b"}, False), ([{"a": "b"}], False), (None, False), ([], True)]
+    if s.kind == "dict":
+        return [(["a"], False), ("a=1", False), ({"A": ["x"]}, False), ({}, True)]
+    return [(["x"], False), ({"a": "b"}, False), (True, False)]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=[s.name for s in SETTINGS])
+def test_every_setting_at_its_edges(setting):
+    for value, ok in _neighbours(setting):
+        _, problem = coerce(setting, value)
+        assert (problem is None) == ok, (setting.name, value, problem)
+        if problem:
+            assert problem.subject == setting.name and problem.allowed == setting.allowed()
+
+
+def test_jinja_defaults_render_like_ansible():
+    from ddplab.settings.validate import _render, resolve
+
+    values, problems = resolve({}, "/srv/ddplab/playbooks")
+    assert problems == []
+    assert (values["ddplab_repo_dir"], values["ddplab_data_dir"], values["ddplab_runs_dir"]) == \
+        ("/srv/ddplab", "/srv/ddplab/data/shards", "/srv/ddplab/runs")
+    with pytest.raises(ValueError, match="more Jinja"):
+        _render("{{ a | upper }}", {"a": "x"})
