@@ -90,7 +90,8 @@ def outputs() -> dict[Path, str]:
         REPO / "roles" / "ddplab" / "defaults" / "main.yml": defaults_yml(),
         REPO / "roles" / "ddplab" / "meta" / "argument_specs.yml": argument_specs_yml(),
         example / "ddplab.yml": example_yml(RUN, "Run-wide settings, every one optional; the value shown is "
-                                            "the default. Override any of them for one command with -e "
+                                            "the default (or an example when the comment names the "
+                                            "default). Override any of them for one command with -e "
                                             "NAME=VALUE."),
         example / "code.yml": example_yml(CODE, "Bring your own training code (README \"Bring your own "
                                           "training code\"). All optional: unset, ddplab runs its built-in "

@@ -66,13 +66,15 @@ SETTINGS: tuple[Setting, ...] = (
             "on the master.", min=1, max=65535),
     Setting("ddplab_torch_version", "str", "2.13.0",
             "Exact torch version on every node (the CPU wheel); must exist in the configured wheel folder "
-            "or index.", pattern=r"\d+(\.\d+){1,2}((a|b|rc)\d+)?(\.post\d+)?(\+[a-z0-9.]+)?",
-            pattern_doc="a version such as 2.13.0"),
+            "or index. A node whose Python has it (with numpy and pyarrow) is reused; otherwise a venv is "
+            "made in <ddplab_root>/venv.",
+            pattern=r"\d+(\.\d+){1,2}((a|b|rc)\d+)?(\.post\d+)?(\+[a-z0-9.]+)?", pattern_doc="a version such as 2.13.0"),
     Setting("ddplab_python", "str", "",
             "Python to try first on each node (\"\" = the Ansible interpreter, then python3).",
             per_host=True, example="/opt/py/bin/python3"),
     Setting("ddplab_pip_index_url", "str", "",
-            "pip index for torch when a node needs a new venv (\"\" = pip's default index).",
+            "pip index for torch when a node needs a new venv, e.g. a local mirror (\"\" = pip's default "
+            "index).",
             pattern=r"(https?|file)://\S+", pattern_doc="an http(s):// or file:// URL", per_host=True),
     Setting("ddplab_pip_find_links", "str", "",
             "A folder of wheels (or a URL) pip also looks in for torch (\"\" = none).", per_host=True),
@@ -97,9 +99,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Torch threads per rank (OMP/MKL_NUM_THREADS); 0 = the node's CPU count / ranks per node.",
             min=0, per_host=True),
     Setting("ddplab_rdzv_timeout", "int", 60,
-            "Seconds every node has to join torchrun's static rendezvous.", min=1),
+            "Seconds every node has to join torchrun's static rendezvous (torchrun's own default is 600).",
+            min=1),
     Setting("ddplab_pg_timeout", "int", 45,
-            "Seconds a rank waits for a peer in a collective before it fails, naming the peer.", min=1),
+            "Seconds a rank waits for a peer in a collective before it fails, naming the peer (torch's "
+            "default is 30 minutes: a short value turns a hang into an error).", min=1),
     Setting("ddplab_max_restarts", "int", 0,
             "torchrun --max-restarts: restarts of a node's workers after a failure (0: fail at once).",
             min=0),
@@ -108,7 +112,7 @@ SETTINGS: tuple[Setting, ...] = (
             "when a reused ddplab_run_id finds checkpoints)."),
     Setting("ddplab_wait", "bool", False,
             "launch.yml: follow the run to its end (a progress line every ddplab_wait_poll s), then collect "
-            "the logs."),
+            "the logs into runs/<run_id>/ and fail if a rank did not exit 0."),
     Setting("ddplab_wait_timeout", "int", 3600, "launch.yml with ddplab_wait: longest wait (s).", min=1),
     Setting("ddplab_wait_poll", "int", 10, "launch.yml with ddplab_wait: seconds between progress lines.",
             min=1),
