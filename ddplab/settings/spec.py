@@ -68,7 +68,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Exact torch version on every node (the CPU wheel); must exist in the configured wheel folder "
             "or index. A node whose Python has it (with numpy and pyarrow) is reused; otherwise a venv is "
             "made in <ddplab_root>/venv.",
-            pattern=r"\d+(\.\d+){1,2}((a|b|rc)\d+)?(\.post\d+)?(\+[a-z0-9.]+)?", pattern_doc="a version such as 2.13.0"),
+            pattern=r"\d+(\.\d+){1,2}((a|b|rc)\d+)?(\.post\d+)?(\+[a-z0-9.]+)?",
+            pattern_doc="a version such as 2.13.0"),
     Setting("ddplab_python", "str", "",
             "Python to try first on each node (\"\" = the Ansible interpreter, then python3).",
             per_host=True, example="/opt/py/bin/python3"),
