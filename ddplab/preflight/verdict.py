@@ -154,12 +154,18 @@ def control_code(args, inputs: collect.Inputs) -> dict:
         except DdplabError as e:
             raise InputError(str(e)) from None
         code[name] = {"sha256": tree["hash"]}
-    for ref in args.code_ref:
+    code.update(code_refs(args.code_ref))
+    return code
+
+
+def code_refs(refs: list[str]) -> dict:
+    out = {}
+    for ref in refs:
         name, _, sha = ref.partition("=")
         if not name or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
             raise InputError(f"--code-ref {ref!r}: use NAME=<64 hex digits>")
-        code[name] = {"sha256": sha}
-    return code
+        out[name] = {"sha256": sha}
+    return out
 
 
 def add_parser(sub):
@@ -185,6 +191,7 @@ def add_parser(sub):
 
 def cmd_verdict(args) -> int:
     try:
+        code_refs(args.code_ref)  # bad arguments first, before reading anything
         inputs = read_inputs(args)
         if args.dump:
             collect.dump(inputs, Path(args.dump))
