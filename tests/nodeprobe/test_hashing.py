@@ -80,7 +80,7 @@ def shards(tmp_path_factory):
 
 
 def test_manifest_digest_is_the_trainers(shards):
-    from trainer.data import manifest_digest
+    from trainer.data.shards import manifest_digest
 
     manifest = json.loads((shards / "manifest.json").read_text())
     assert hashing.manifest_digest(manifest["files"]) == manifest["digest"]
