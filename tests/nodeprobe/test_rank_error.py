@@ -4,11 +4,16 @@ rank_logs/*.log are torchrun 2.13 outputs recorded on this machine (paths rewrit
 after an earlier attempt's lines and launch.sh's `ddplab: run` line, as launch.log holds them.
 """
 
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from nodeprobe.rank_error import exception_line, log_exception
 
 LOGS = Path(__file__).parent / "rank_logs"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_worker_exception_not_torchruns_child_failed_error():
@@ -63,3 +68,23 @@ def test_a_gloo_abort_gives_its_what_line():
              "  what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 8 vs 4",
              "ddplab: rank 0 exited with code 134"]
     assert exception_line(lines) == lines[1].strip()
+
+
+def test_run_status_names_the_exception_of_a_failed_rank_only(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(LOGS / "configurator.log", run / "launch.log")
+    (run / "exit_code").write_text("1\n")
+
+    def status():
+        out = subprocess.run([sys.executable, "-m", "nodeprobe", "run-status", "--run-dir", str(run),
+                              "--socket", str(tmp_path / "sock"), "--session", "=run-1"],
+                             capture_output=True, text=True, timeout=60, check=True, cwd=REPO)
+        return json.loads(out.stdout)
+
+    failed = status()
+    assert failed["state"] == "exited" and failed["code"] == 1
+    assert failed["exception"] == log_exception(str(run / "launch.log"))
+    assert failed["exception"].startswith("FileNotFoundError: ")
+    (run / "exit_code").write_text("0\n")
+    assert status()["exception"] is None  # a rank that finished has no "why"
