@@ -203,6 +203,9 @@ def check(code_dir: str, entrypoint: str) -> dict:
         name = entry[2:].strip()
         prog = Program(root, [root])
         path = prog.find(name)
+        if path is not None and path.name == "__init__.py" and (path.parent / "__main__.py").is_file():
+            prog.want(name)  # `-m pkg` imports pkg, then runs pkg/__main__.py
+            name, path = f"{name}.__main__", path.parent / "__main__.py"
         if path is None:
             return {"entry": entry, "files": [], "findings": [],
                     "note": f"module {name} is not in the code folder"}

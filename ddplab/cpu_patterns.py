@@ -95,9 +95,9 @@ def cuda_sense(test: ast.AST) -> int:
         consts = [s.value for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)]
         positive = isinstance(op, (ast.Eq, ast.In, ast.Is))
         negative = isinstance(op, (ast.NotEq, ast.NotIn, ast.IsNot))
-        if any(c.startswith("cuda") for c in consts):
+        if any(c.startswith("cuda") or c == "nccl" for c in consts):  # backend == "nccl": the CUDA path
             return POS if positive else (NEG if negative else 0)
-        if "cpu" in consts:
+        if "cpu" in consts or "gloo" in consts:
             return NEG if positive else (POS if negative else 0)
         if any("cuda" in dotted(n) for s in sides for n in ast.walk(s)):
             return POS  # torch.cuda.device_count() > 0
@@ -284,12 +284,21 @@ class UnitScanner:
                      'device="cuda" if torch.cuda.is_available() else "cpu"')
         if last in self.ddp_names:
             ids = kw.get("device_ids", node.args[1] if len(node.args) > 1 else None)
-            if ids is not None and not (isinstance(ids, ast.Constant) and ids.value is None) \
-                    and not isinstance(ids, ast.IfExp):
+            if ids is not None and self.ids_on_cpu(ids):
                 self.add(node, "ddp-device-ids", "error", f"{self.src(node)} passes device_ids",
                          "DistributedDataParallel raises ValueError for a model on CPU (device_ids only work "
                          "with GPU modules)",
                          f"device_ids={self.src(ids, 30)} if torch.cuda.is_available() else None")
+
+    def ids_on_cpu(self, ids: ast.AST) -> bool:
+        """device_ids that are a list on a CPU run: not None, not chosen by a condition, and, for a name,
+        every assignment of it a list (a parameter or a conditional assignment is given the benefit)."""
+        if isinstance(ids, ast.Constant) and ids.value is None or isinstance(ids, ast.IfExp):
+            return False
+        if isinstance(ids, ast.Name):
+            values = self.assigns.get(ids.id)
+            return bool(values) and all(isinstance(v, (ast.List, ast.Tuple)) for v in values)
+        return True
 
     def backend(self, node: ast.Call, backend: ast.AST) -> None:
         values = self.values(backend)

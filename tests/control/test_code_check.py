@@ -75,6 +75,14 @@ def test_the_seed_dist_train_passes_clean():
     assert r["files"] == ["dist_train.py"] and r["findings"] == []
 
 
+def test_this_repositorys_trainer_passes_clean():
+    """Real code that does CPU DDP right (device_ids and .cuda() only when the backend is nccl)."""
+    repo = Path(__file__).parents[2]
+    r = check(str(repo), "-m trainer")
+    assert "trainer/__main__.py" in r["files"] and "trainer/dist.py" in r["files"]  # -m pkg runs __main__
+    assert r["findings"] == []
+
+
 def test_nanochat_patched_the_readme_way_passes(tmp_path):
     write(tmp_path, {"scripts/base_train.py": """
         from nanochat.common import compute_init
@@ -138,7 +146,11 @@ GUARDED = """
         model = DistributedDataParallel(torch.nn.Linear(2, 2),
                                         device_ids=[local_rank] if device_type == "cuda" else None)
         model2 = DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=None)
+        ids = [local_rank] if backend == "nccl" else None
+        model3 = DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=ids)
         t = torch.zeros(2)
+        if backend == "nccl":  # nccl moves CUDA tensors only
+            t.cuda()
         dist.all_reduce(t, async_op=True).get_future().wait()
         work = dist.reduce_scatter_tensor(torch.zeros(1), t, async_op=True)
         work.wait()
@@ -174,6 +186,8 @@ def test_each_pattern_is_caught_at_its_line_in_imported_modules(tmp_path):
             ids = torch.arange(4, device="cuda:0")
             more = torch.zeros(2).to(f"cuda:{0}")
             ddp = DDP(model, [0])
+            local = [0]
+            again = DDP(model, device_ids=local)
             helpers.sync()
         """, "lab/helpers.py": """
         import torch
@@ -199,6 +213,7 @@ def test_each_pattern_is_caught_at_its_line_in_imported_modules(tmp_path):
         ("lab/setup.py", line_of(setup, 'device="cuda:0"'), "cuda-tensor"),
         ("lab/setup.py", line_of(setup, '.to(f"cuda'), "cuda-tensor"),
         ("lab/setup.py", line_of(setup, "DDP(model, [0])"), "ddp-device-ids"),
+        ("lab/setup.py", line_of(setup, "device_ids=local"), "ddp-device-ids"),
         ("lab/helpers.py", line_of(helpers, "synchronize"), "cuda-call"),
     }
     # shard() is imported but never called, never_called() is never named: their findings are warnings
