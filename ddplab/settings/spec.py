@@ -128,8 +128,6 @@ SETTINGS: tuple[Setting, ...] = (
             "Folder under <ddplab_root>/code/ that ddplab_code_dir lands in.", section=CODE,
             pattern=r"(?!trainer$|nodeprobe$|\.\.?$)[A-Za-z0-9._-]+",
             pattern_doc="one folder name other than trainer, nodeprobe, . and .."),
-    Setting("ddplab_code_exclude_regex", "str", r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$",
-            "Code paths never copied nor hashed (a Python regex over relative paths).", section=CODE),
     Setting("ddplab_entrypoint", "str", "",
             "A script relative to ddplab_code_dir (train.py) or \"-m package.module\".", section=CODE,
             example="-m scripts.base_train"),

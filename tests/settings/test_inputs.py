@@ -89,10 +89,6 @@ def test_env_names(data):
     assert '"1BAD"' in line and '"MASTER_PORT"' in line and '"OK"' not in line
 
 
-def test_exclude_regex_must_compile(data):
-    one_error(inventory(data, ddplab_code_exclude_regex="(unclosed"), "ddplab_code_exclude_regex")
-
-
 # --- the shards' manifest ------------------------------------------------------------------------------
 
 def _manifest(data):
