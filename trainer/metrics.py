@@ -126,6 +126,8 @@ def summarize_steps(records: list[dict], warmup: int) -> dict:
         "allreduce_ms_p50": percentile(ar, 50),
         "allreduce_ms_p95": percentile(ar, 95),
         "exposed_ms_p50": percentile([r["exposed_ms"] for r in timed], 50),
+        # the exposed all-reduce is where a rank waits for slower peers (its own transfer time included)
+        "wait_ms_p50": percentile([r["exposed_ms"] for r in timed], 50),
         "allreduce_bytes_per_step": timed[-1]["allreduce_bytes"] if timed else 0,
         "comm_compute_ratio": (sum(ar) / sum(comp)) if timed and sum(comp) > 0 else None,
     }
