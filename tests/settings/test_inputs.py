@@ -155,6 +155,7 @@ def test_no_manifest_check_with_own_data(code, tmp_path):
     ("ddplab_trainer_extra_args", ["--bogus"], "trainer argument --bogus: unknown flag"),
     ("ddplab_trainer_extra_args", ["--batch-size", "0"], "--batch-size must be at least 1"),
     ("ddplab_trainer_extra_args", ["--comm", "zip"], "invalid choice"),
+    ("ddplab_trainer_extra_args", ["--balance-every", "0"], "--balance-every must be at least 1"),
 ])
 def test_trainer_checks_its_flags(data, name, value, said):
     line = one_error(inventory(data, **{name: value}), name)
@@ -169,8 +170,8 @@ def test_trainer_argv_matches_launch_args():
     from ddplab.settings.external import trainer_argv
     from ddplab.settings.validate import resolve
 
-    given = {"ddplab_trainer_extra_args": ["--lr", "0.01"], "ddplab_resume": True}
+    given = {"ddplab_trainer_extra_args": ["--lr", "0.01"], "ddplab_resume": True, "ddplab_balance": True}
     values, _ = resolve(given, "/r/playbooks")
     assert trainer_argv(values) == ["--data", "/r/data/shards", "--out", "run/out", "--run-id", "run-check",
                                     "--steps", "50", "--depth", "2", "--pg-timeout-s", "45", "--resume",
-                                    "--lr", "0.01", "--threads", "1"]
+                                    "--balance", "--lr", "0.01", "--threads", "1"]
