@@ -9,6 +9,7 @@ Definitions (per optimizer step, on each rank):
   essentially done) until the last bucket finished.
 - compute_ms: dt_ms - exposed_ms.
 - tokens_per_sec: tokens of all ranks in this step / dt.
+- wait_ms (= exposed_ms) and share (sequences of the global batch this rank trained on; --balance moves it).
 Warm-up steps (--timing-warmup-steps) are left out of the run's tokens/s and percentiles.
 """
 

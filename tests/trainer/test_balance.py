@@ -102,3 +102,16 @@ def test_controller_state_round_trips():
     assert d.shares == c.shares and d.frac == c.frac and d.changes == c.changes
     with pytest.raises(ValueError):
         ShareController(16, 3, every=5, damping=0.5, state=c.state_dict())
+
+
+def test_straggler_line_says_what_balancing_did():
+    from trainer.resilience import StragglerWatch
+
+    c = ShareController(16, 2, every=5, damping=0.5)
+    c.update([10.0, 30.0], step=5)
+    with_balance = StragglerWatch(10, 2.0, 2, ["node0", "node1"], shares=c)
+    said = with_balance.what_balancing_does(1)
+    assert f"--balance gives it {c.shares[1]} of 16 sequences per step (uniform: 8" in said
+    assert c.shares[1] < 8
+    without = StragglerWatch(10, 2.0, 2, ["node0", "node1"]).what_balancing_does(1)
+    assert "every rank waits for it" in without and "ddplab_balance: true" in without
