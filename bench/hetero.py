@@ -1,12 +1,12 @@
 """Balanced DDP across unequal nodes (issue 15): a full-speed host and one at half a core.
 
-    sudo SIMLAN_LAB=4 .venv/bin/python bench/hetero.py [--rounds 3] [--steps 40] [--id ID] [--priority]
+    sudo SIMLAN_LAB=4 .venv/bin/python bench/hetero.py [--rounds 3] [--steps 30] [--id ID] [--priority]
 
 On 2 simulated hosts pinned to their own core (`--cpus auto`), node1 limited to 50 % of its core
 (`--cpu-quota node1=50`; node0 gets `node0=100`, its whole core, so both hosts have a cgroup), runs the
-same model and global batch (16 sequences of 128 tokens per step) as
-  solo-node0, solo-node1   one host alone: --batch-size 8 --grad-accum 2 (the whole global batch)
-  uniform                  DDP, 8 sequences per rank per step
+same model and global batch (64 sequences of 128 tokens per step) as
+  solo-node0, solo-node1   one host alone: --batch-size 32 --grad-accum 2 (the whole global batch)
+  uniform                  DDP, 32 sequences per rank per step
   balanced                 DDP with --balance (shares follow each rank's measured speed)
 in interleaved rounds (every configuration once per round), and writes runs/bench-hetero-<id>/:
 raw/<round>/<config>/ (each host's trainer out dir and log), report.json, report.md, hetero.png; the
@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO))
 
 MODEL = ["--depth", "2", "--seq-len", "128", "--threads", "1", "--log-every", "5", "--check-every", "0",
          "--straggler-every", "10", "--pg-timeout-s", "300", "--lr", "3e-3"]
-GLOBAL_SEQS, SEQ_LEN = 16, 128
+PER_RANK, SEQ_LEN = 32, 128  # sequences per rank in uniform DDP
+GLOBAL_SEQS = 2 * PER_RANK
 CONFIGS = ("solo-node0", "solo-node1", "uniform", "balanced")
 MASTER_PORT = 29641
 RUN_TIMEOUT_S = 900
@@ -169,8 +170,8 @@ class Bench:
         if config.startswith("solo-"):
             host = config.split("-", 1)[1]
             names = [host]
-            self.run_hosts(lambda i: [*node_env(), self.py, *base, "--batch-size", "8", "--grad-accum", "2",
-                                      "--out", str(rdir / host)], names, rdir)
+            self.run_hosts(lambda i: [*node_env(), self.py, *base, "--batch-size", str(PER_RANK),
+                                      "--grad-accum", "2", "--out", str(rdir / host)], names, rdir)
         else:
             names = ["node0", "node1"]
             master = self.cluster.host("node0").addr
@@ -180,8 +181,8 @@ class Bench:
             def argv(i):
                 return [*node_env(), self.py, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={i}",
                         "--nproc-per-node=1", f"--master-addr={master}", f"--master-port={MASTER_PORT}",
-                        "--rdzv-conf=timeout=120", "--max-restarts=0", *base, "--batch-size", "8", *extra,
-                        "--out", str(rdir / names[i])]
+                        "--rdzv-conf=timeout=120", "--max-restarts=0", *base, "--batch-size", str(PER_RANK),
+                        *extra, "--out", str(rdir / names[i])]
 
             self.run_hosts(argv, names, rdir)
         after = throttled(cg)
@@ -318,8 +319,8 @@ def plot(path: Path, rep: dict) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--warmup", type=int, default=12, help="untimed first steps of every run")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10, help="untimed first steps of every run")
     p.add_argument("--balance-every", type=int, default=3)
     p.add_argument("--id", default=time.strftime("%Y%m%d-%H%M%S"))
     p.add_argument("--priority", action="store_true",

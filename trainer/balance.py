@@ -26,15 +26,15 @@ def uniform_shares(global_seqs: int, world: int) -> list[int]:
 
 def round_shares(frac: list[float], total: int) -> list[int]:
     """Integers >= 1 summing to `total`, nearest to `frac` (largest remainder)."""
-    world = len(frac)
-    scaled = [max(1.0, f) for f in frac]
-    s = sum(scaled)
-    scaled = [f * (total - world) / s + 1 if s > 0 else total / world for f in scaled]
-    ints = [int(f) for f in scaled]
-    left = total - sum(ints)
-    by_rem = sorted(range(world), key=lambda r: (-(scaled[r] - ints[r]), r))
-    for r in by_rem[:left]:
+    clamped = [max(1.0, f) for f in frac]
+    scaled = [f * total / sum(clamped) for f in clamped]
+    ints = [max(1, int(f)) for f in scaled]
+    while sum(ints) < total:
+        r = max(range(len(ints)), key=lambda i: (scaled[i] - ints[i], -i))
         ints[r] += 1
+    while sum(ints) > total:
+        r = max((i for i in range(len(ints)) if ints[i] > 1), key=lambda i: (ints[i] - scaled[i], -i))
+        ints[r] -= 1
     return ints
 
 

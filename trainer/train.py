@@ -67,9 +67,10 @@ def micro_batches(cfg: TrainConfig, loader, shares: ShareController, rank: int, 
     return out
 
 
-def rebalance(shares: ShareController, records: list[dict], done: int, warmup: int) -> None:
-    """Every rank all-gathers its compute ms per sequence over the last window; all move the shares."""
-    window = [r for r in records[-shares.every:] if r["step"] > warmup]
+def rebalance(shares: ShareController, records: list[dict], done: int) -> None:
+    """Every rank all-gathers its compute ms per sequence over the last window; all move the shares.
+    The first step of a process (allocations, first-touch) is left out; the same on every rank."""
+    window = records[max(1, len(records) - shares.every):]
     if not window:
         return
     costs = D.all_gather_object(ShareController.window_cost(window))
@@ -203,7 +204,7 @@ def run(cfg: TrainConfig) -> int:
         stragglers.after_step(step + 1, records)
         done = step + 1
         if cfg.balance and shares.due(done):
-            rebalance(shares, records, done, cfg.timing_warmup_steps)
+            rebalance(shares, records, done)
         if D.is_main_process() and (done % cfg.log_every == 0 or done == cfg.steps):
             recent = records[-10:]
             eta = (cfg.steps - done) * sum(r["dt_ms"] for r in recent) / len(recent) / 1e3

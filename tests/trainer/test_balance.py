@@ -76,6 +76,8 @@ def test_round_shares_keep_the_total_and_one_each():
     assert sum(round_shares([15.9, 0.01, 0.09], 16)) == 16
     assert min(round_shares([15.9, 0.01, 0.09], 16)) >= 1
     assert micro_sizes(11, 4) == [4, 4, 3] and micro_sizes(3, 8) == [3]
+    assert round_shares([10.63, 5.37], 16) == [11, 5]  # no pull toward the uniform split
+    assert round_shares([42.7, 21.3], 64) == [43, 21]
 
 
 def test_controller_converges_to_speed_and_then_holds():
