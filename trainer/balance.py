@@ -4,7 +4,8 @@ The global batch is G = world_size * batch_size * grad_accum sequences, as witho
 trains on shares[r] of them per step (at least 1), in micro-batches of at most --batch-size sequences.
 Every `every` steps the ranks all-gather their compute time per sequence (step time minus the exposed
 all-reduce wait, so waiting for a slower peer does not count) and move their shares toward the
-throughput-proportional split by a damped step: frac += damping * (target - frac). Integer shares
+throughput-proportional split by a damped step: frac += damping * (target - frac); the first estimate
+is taken whole (the uniform start is a guess, not a measurement to be careful with). Integer shares
 change only when a fractional share has moved more than `HYSTERESIS` sequences away from its integer
 share, so a measurement's noise does not flip a sequence back and forth every window.
 
@@ -55,18 +56,20 @@ class ShareController:
         self.shares = uniform_shares(global_seqs, world)
         self.frac = [float(s) for s in self.shares]
         self.changes: list[dict] = []  # every change: step, shares, sec/seq measured
+        self.updates = 0  # estimates taken so far
         if state:
             self.load_state_dict(state)
 
     def state_dict(self) -> dict:
         return {"shares": list(self.shares), "frac": list(self.frac), "changes": list(self.changes),
-                "global_seqs": self.G}
+                "global_seqs": self.G, "updates": self.updates}
 
     def load_state_dict(self, s: dict) -> None:
         if s["global_seqs"] != self.G or len(s["shares"]) != self.world:
             raise ValueError(f"balance state is for {len(s['shares'])} ranks and {s['global_seqs']} "
                              f"sequences per step, this run has {self.world} and {self.G}")
         self.shares, self.frac, self.changes = list(s["shares"]), list(s["frac"]), list(s["changes"])
+        self.updates = s.get("updates", len(self.changes))
 
     def due(self, done: int) -> bool:
         return self.every > 0 and self.world > 1 and done % self.every == 0
@@ -82,7 +85,9 @@ class ShareController:
             return False
         speed = [1.0 / c for c in ms_per_seq]
         target = [self.G * v / sum(speed) for v in speed]
-        self.frac = [f + self.damping * (t - f) for f, t in zip(self.frac, target, strict=True)]
+        damping = self.damping if self.updates else 1.0
+        self.updates += 1
+        self.frac = [f + damping * (t - f) for f, t in zip(self.frac, target, strict=True)]
         if all(abs(f - s) < HYSTERESIS for f, s in zip(self.frac, self.shares, strict=True)):
             return False
         new = round_shares(self.frac, self.G)

@@ -117,3 +117,10 @@ def test_straggler_line_says_what_balancing_did():
     assert c.shares[1] < 8
     without = StragglerWatch(10, 2.0, 2, ["node0", "node1"]).what_balancing_does(1)
     assert "every rank waits for it" in without and "ddplab_balance: true" in without
+
+
+def test_first_estimate_is_taken_whole_later_ones_damped():
+    c = ShareController(64, 2, every=3, damping=0.5)
+    assert c.update([6.0, 12.0], step=3) and c.shares == [43, 21]
+    c.update([6.0, 6.0], step=6)  # both now equally fast per sequence: halfway back
+    assert c.frac == pytest.approx([42.667 - (42.667 - 32) / 2, 21.333 + (32 - 21.333) / 2], abs=1e-3)
