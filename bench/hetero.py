@@ -242,6 +242,7 @@ def summarize(results: list[dict], args) -> dict:
         "val_loss_balanced_vs_uniform": vl["balanced"]["median"] / vl["uniform"]["median"] - 1,
         "tokens_per_sec": tps, "val_loss": vl,
         "final_shares": [r["balance"]["shares"] for r in by["balanced"]],
+        "per_rank": {c: per_rank(by[c]) for c in ("uniform", "balanced")},
         "node1_throttled_fraction": {c: (sum(r["node1_throttled_periods"] for r in rs) /
                                          max(1, sum(r["node1_periods"] for r in rs))) for c, rs in by.items()
                                      if c != "solo-node0"},
@@ -254,6 +255,16 @@ def summarize(results: list[dict], args) -> dict:
                          "8 batches of the global batch size, final checkpoint of each run"},
         "runs": results,
     }
+
+
+def per_rank(runs: list[dict]) -> list[dict]:
+    """Each rank's share, compute and wait ms per step (median over the rounds of the run's p50s)."""
+    out = []
+    for i, first in enumerate(runs[0]["ranks"]):
+        ranks = [r["ranks"][i] for r in runs]
+        keys = ("share_last", "compute_ms_p50", "wait_ms_p50")
+        out.append({"host": first["host"], **{k: statistics.median(x[k] for x in ranks) for k in keys}})
+    return out
 
 
 def write_report(d: Path, rep: dict) -> None:
@@ -286,6 +297,11 @@ def write_report(d: Path, rep: dict) -> None:
         f"- val loss balanced vs uniform: {rep['val_loss_balanced_vs_uniform']:+.2%} (target within 2 %)",
         f"- final shares of the balanced runs (node0, node1 sequences of {GLOBAL_SEQS}): "
         f"{rep['final_shares']}",
+        "", "Per rank (median over the rounds): sequences per step at the end, compute and wait ms per step "
+        "(wait = the exposed all-reduce, where a rank waits for the slower one)", "",
+        "| run | host | share | compute ms | wait ms |", "|---|---|---|---|---|",
+        *[f"| {c} | {r['host']} | {r['share_last']:g} | {r['compute_ms_p50']:.0f} | {r['wait_ms_p50']:.0f} |"
+          for c, ranks in rep["per_rank"].items() for r in ranks],
         "", "![throughput](hetero.png)", ""]
     (d / "report.md").write_text("\n".join(lines))
     (d / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
