@@ -96,6 +96,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_trainer_extra_args", "list", [],
             "Built-in trainer: more flags, as a list (python -m trainer --help).",
             example=["--batch-size", "8"]),
+    Setting("ddplab_balance", "bool", False,
+            "Built-in trainer: --balance, each rank's share of the global batch follows its measured speed "
+            "(nodes of unequal speed finish each step together; the update equals the uniform one)."),
     Setting("ddplab_threads", "int", 0,
             "Torch threads per rank (OMP/MKL_NUM_THREADS); 0 = the node's CPU count / ranks per node.",
             min=0, per_host=True),
