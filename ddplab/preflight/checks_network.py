@@ -96,7 +96,7 @@ def describe(j: Judge, e: dict) -> str:
 def tcp(j: Judge) -> None:
     edges = tcp_edges(j)
     for h in j.hosts:
-        if not j.reachable(h):
+        if h in j.left_out or not j.reachable(h):
             continue
         for check in ("tcp_master", "tcp_peers"):
             tried = [e for e in edges if e["kind"] == check and h in (e["src"], e["dst"])]
@@ -105,6 +105,8 @@ def tcp(j: Judge) -> None:
             elif tried:
                 n_ok = sum(1 for e in tried if e.get("ok"))
                 j.set(h, check, OK, f"{n_ok}/{len(tried)} connections to/from {h} ok")
+            elif j.left_out:
+                j.set(h, check, NA, f"toward {', '.join(j.left_out)}: not checked (left out by --limit)")
             else:
                 j.set(h, check, SKIP, "no connect results")
     master_port_ok = {e["src"] for e in edges if e["kind"] == "tcp_master" and e.get("ok")}
@@ -167,7 +169,7 @@ def smoke(j: Judge, h: str) -> None:
     if not r:
         return
     if r.get("skipped"):
-        j.set(h, "gloo_smoke", SKIP, f"not run: {r.get('reason') or 'skipped'}")
+        j.set(h, "gloo_smoke", NA if j.left_out else SKIP, f"not run: {r.get('reason') or 'skipped'}")
         return
     if r.get("ok"):
         bw = r.get("bandwidth") or {}

@@ -33,6 +33,12 @@ class Judge:
     def __init__(self, inputs: Inputs, manifest: dict | None, control_code: dict | None):
         self.inv = inputs.inventory
         self.hosts = {str(h): (v if isinstance(v, dict) else {}) for h, v in self.inv["hosts"].items()}
+        # Nodes outside --limit: known from the inventory (rank, address), never probed.
+        self.left_out = [str(h) for h in self.inv.get("left_out") or [] if str(h) in self.hosts]
+        for h in self.left_out:
+            self.hosts[h] = {"rank": (self.inv.get("ranks") or {}).get(h),
+                             "addr": (self.inv.get("addrs") or {}).get(h),
+                             "master": h == self.inv.get("master_host"), **self.hosts[h]}
         self.port = self.inv.get("master_port", 29500)
         self.manifest = manifest
         self.control_code = control_code or {}

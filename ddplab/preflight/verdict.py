@@ -40,8 +40,14 @@ HOST_CHECKS = (checks_node.python, checks_node.torch, checks_node.dtype, checks_
 def judge(j: Judge) -> dict:
     checks_inventory.inventory(j)
     for h in j.hosts:
+        if h in j.left_out:  # --limit: a row that says so, no check
+            for c in CHECKS:
+                j.set(h, c, NA, "not asked (left out by --limit)")
+            continue
         checks_inventory.ssh(j, h)
     for h in j.hosts:
+        if h in j.left_out:
+            continue
         if not j.reachable(h):
             for c in CHECKS[2:]:
                 j.set(h, c, SKIP, "host unreachable over SSH")
@@ -50,6 +56,8 @@ def judge(j: Judge) -> dict:
             check(j, h)
     checks_network.tcp(j)
     for h in j.hosts:
+        if h in j.left_out:
+            continue
         if j.reachable(h):
             checks_network.smoke(j, h)
         if "gloo" not in j.rows[h]:
@@ -71,6 +79,7 @@ def judge(j: Judge) -> dict:
         "not_run": [f"{h}:{c}" for h, c in skipped],
         "unprepared": unprepared,
         "bandwidth": bandwidth or None,
+        "left_out": list(j.left_out),
     }
 
 
@@ -90,6 +99,9 @@ def table(result: dict) -> str:
         bw = result["bandwidth"]
         lines.append(f"gloo all-reduce {bw['bytes'] / (1 << 20):.0f} MB: {bw['median_s']} s, "
                      f"bus bandwidth {bw['busbw_gbit_s']} Gbit/s")
+    if result.get("left_out"):
+        lines.append(f"not asked (--limit): {', '.join(result['left_out'])}; links toward them and the gloo "
+                     "smoke test were not checked (preflight without --limit checks them)")
     if result["failures"]:
         lines.append(f"preflight: FAIL ({len(result['failures'])} failing checks)")
     elif result["not_run"]:
@@ -105,6 +117,9 @@ def gate(result: dict) -> dict:
     its watchdog and then blame the network that the failed check already named."""
     failed = [f"{f['host']}:{f['check']}" for f in result["failures"]
               if f["check"] in SMOKE_NEEDS or f["host"] in result.get("unprepared", ())]
+    if result.get("left_out"):
+        return {"smoke": False, "failed": [], "left_out": True,
+                "reason": f"it needs every rank: {', '.join(result['left_out'])} left out by --limit"}
     if failed:
         return {"smoke": False, "failed": failed,
                 "reason": f"{', '.join(failed[:4])}{' ...' if len(failed) > 4 else ''} failed first"}

@@ -87,3 +87,34 @@ def test_check_requirements_names_the_file_and_line(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "ddplab", "check-requirements", str(req), "2.13.0"],
                         capture_output=True, text=True, timeout=60, cwd=REPO)
     assert ok.returncode == 0 and ok.stderr == ""
+
+
+def test_limit_rows_say_not_asked_and_the_gate_skips_the_smoke_test(tmp_path):
+    """preflight.yml -l a: b and c are known from the inventory only; nothing about them FAILs or SKIPs."""
+    bundle = json.loads(json.dumps(BUNDLE))
+    inv = bundle["inventory"]
+    inv.update(left_out=["b", "c"], master_host="a", addrs={"b": "10.77.9.11", "c": "10.77.9.12"},
+               ranks={"b": 1, "c": 2})
+    inv["hosts"]["b"] = inv["hosts"]["c"] = {}
+    bundle["results"] = {
+        "ssh": {"a": {"ping": "pong"}},
+        "gather": {"a": _ran({"probe": "gather", "results": {"iface": {"ok": True, "dev": "eth0"},
+                                                             "port_holder": {"free": True}}})},
+        "tcp": {"a": {"skipped": True}}}
+
+    def verdict(*args):
+        return subprocess.run([sys.executable, "-m", "ddplab", "preflight-verdict", "--data-dir=", *args],
+                              input=json.dumps(bundle), capture_output=True, text=True, timeout=60, cwd=REPO)
+
+    gate = verdict("--gate")
+    assert json.loads(gate.stdout.splitlines()[-1])["smoke"] is False
+    assert "b, c left out by --limit" in gate.stdout
+    out = verdict("--out", str(tmp_path / "v.json"))
+    result = json.loads((tmp_path / "v.json").read_text())
+    for h in "bc":
+        assert {v["status"] for v in result["hosts"][h].values()} == {"n/a"}, result["hosts"][h]
+        assert result["hosts"][h]["inventory"]["detail"] == "not asked (left out by --limit)"
+    assert result["hosts"]["a"]["tcp_peers"]["status"] == "n/a"
+    assert "not checked (left out by --limit)" in result["hosts"]["a"]["tcp_peers"]["detail"]
+    assert all(f["host"] == "a" for f in result["failures"])
+    assert "not asked (--limit): b, c" in out.stdout
