@@ -5,8 +5,11 @@ BIN    := $(VENV)/bin
 DATA   ?= data/shards
 STEPS  ?= 50
 DEPTH  ?= 2
+# make wheelhouse: the folder (ddplab_wheelhouse_dir), the nodes' Python versions, and an inventory to read them from.
+WHEELHOUSE ?= wheelhouse
+PYTHONS ?= 3.11
 
-.PHONY: help setup lint test test-fast data train demo follow bench bench-trainer bench-preflight clean
+.PHONY: help setup lint test test-fast data wheelhouse train demo follow bench bench-trainer bench-preflight clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -31,6 +34,9 @@ test-fast: setup  ## Tests without the slow and simlan markers
 
 data: setup  ## Generate the default deterministic corpus as parquet shards
 	$(BIN)/python -m trainer.data prepare --out $(DATA)
+
+wheelhouse: setup  ## The pinned CPU torch + deps, once, for the nodes' Pythons (PYTHONS="3.11 3.12", INV=inventory/<yours>)
+	$(BIN)/python -m ddplab.wheelhouse fill --dir $(WHEELHOUSE) $(foreach p,$(PYTHONS),--python $(p)) $(if $(INV),-i $(INV))
 
 train: data  ## Single machine, 2 ranks, no Ansible
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --data $(DATA) --out runs/train-$$(date +%Y%m%d-%H%M%S) --steps $(STEPS) --depth $(DEPTH)
