@@ -299,7 +299,7 @@ class Lab:
 
     def main(self):
         a = self.args
-        from trainer.data import prepare
+        from trainer.data.shards import prepare
 
         self.bench.mkdir(parents=True, exist_ok=True)
         machine = machine_info() | {"load_before": load()}

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.data import VOCAB_SIZE, encode  # noqa: E402
+from trainer.data.tokenizer import VOCAB_SIZE, encode  # noqa: E402
 from trainer.model import GPT, GPTConfig  # noqa: E402
 
 

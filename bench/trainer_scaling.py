@@ -73,7 +73,7 @@ def main():
     if cores < 2:
         sys.exit(f"ddplab: error: this benchmark pins two ranks to two cores; this machine offers {cores}")
 
-    from trainer.data import prepare
+    from trainer.data.shards import prepare
     from trainer.model import GPTConfig, param_count
 
     load0 = os.getloadavg()

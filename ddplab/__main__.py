@@ -1,18 +1,29 @@
-"""python -m ddplab {report,follow,status}: control-side tools next to the Ansible playbooks."""
+"""python -m ddplab VERB: control-side tools next to the Ansible playbooks."""
 
 import argparse
+import importlib
 import sys
 
-from ddplab import follow, report, status
 from ddplab.errors import DdplabError
+
+# verb -> the module whose add_parser(sub) defines it. Only the chosen verb's module is imported, so a
+# quick verb run by a playbook (validate, status) does not pay for matplotlib or paramiko.
+VERBS = {
+    "report": "ddplab.report",
+    "follow": "ddplab.follow",
+    "status": "ddplab.status",
+    "validate": "ddplab.settings",
+    "settings": "ddplab.settings",
+}
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="python -m ddplab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    report.add_parser(sub)
-    follow.add_parser(sub)
-    status.add_parser(sub)
+    chosen = [VERBS[argv[0]]] if argv and argv[0] in VERBS else sorted(set(VERBS.values()))
+    for module in dict.fromkeys(chosen):
+        importlib.import_module(module).add_parser(sub)
     args = ap.parse_args(argv)
     try:
         return args.func(args) or 0

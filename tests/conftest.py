@@ -40,12 +40,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # simlan (and trainer) importable without `pip install -e .`
-    sys.path.insert(0, str(REPO))
+from simlan import cluster as simlan
+from simlan.system import cmdline, missing_requirements
 
-from simlan import cluster as simlan  # noqa: E402
-from simlan.system import cmdline, missing_requirements  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 LEFTOVER_WAIT_S = 300
 

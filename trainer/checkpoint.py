@@ -1,4 +1,4 @@
-"""Checkpoints: rank 0 writes, atomically, with a checksum; resume reads on rank 0 only.
+"""Checkpoints: rank 0 writes, atomically, with a checksum; resume reads on rank 0 and broadcasts.
 
 `OUT/ckpt/step_{N:06d}.pt` is a plain `torch.save` file (model, optimizer, step, every rank's data
 position and RNG state, config). It is written to a temp file, fsynced and renamed; then its sha256 goes
@@ -13,11 +13,17 @@ import hashlib
 import io
 import os
 import re
+import sys
 from pathlib import Path
 
 import torch
 
+from trainer import dist as D
+from trainer.config import TrainConfig, UsageError
+
 _NAME = re.compile(r"^step_(\d{6,})\.pt$")
+# settings that must match between a checkpoint and the run that resumes it
+_RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps")
 
 
 def ckpt_dir(out: str | Path) -> Path:
@@ -82,3 +88,35 @@ def load_latest(out: str | Path) -> tuple[dict | None, Path | None, list[str]]:
             continue
         return state, path, warnings
     return None, None, warnings
+
+
+def load_for_resume(cfg: TrainConfig, data_digest: str, world_size: int):
+    """Rank 0 reads the newest valid checkpoint; every rank gets it (or an error) by broadcast."""
+    payload = None
+    if D.is_main_process():
+        state, path, warnings = load_latest(cfg.out)
+        for w in warnings:
+            print(f"ddplab: warning: {w}", file=sys.stderr, flush=True)
+        if state is None:
+            payload = {"none": True}
+        else:
+            old = state["config"]
+            bad = [k for k in _RESUME_MUST_MATCH if old.get(k) != getattr(cfg, k)]
+            if bad:
+                payload = {"error": f"checkpoint {path} was written with " + ", ".join(
+                    f"--{k.replace('_', '-')} {old.get(k)}" for k in bad) + "; this run asks for " +
+                    ", ".join(f"{getattr(cfg, k)}" for k in bad) + "; resume with the same settings"}
+            elif state["data_digest"] != data_digest:
+                payload = {"error": f"checkpoint {path} was trained on data digest "
+                                    f"{state['data_digest'][:12]}, --data has {data_digest[:12]}; "
+                                    f"resume on the same shards"}
+            elif state["world_size"] != world_size:
+                payload = {"error": f"checkpoint {path} was written by {state['world_size']} ranks, this run "
+                                    f"has {world_size}; resume with the same number of ranks"}
+            else:
+                payload = state
+                payload["path"] = str(path)
+    payload = D.broadcast_state(payload)
+    if "error" in payload:
+        raise UsageError(payload["error"])
+    return None if payload.get("none") else payload

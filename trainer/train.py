@@ -8,7 +8,6 @@ Exit codes: 0 done, 2 bad input (one `ddplab: error:` line), 3 ranks disagree (d
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -20,19 +19,19 @@ import torch
 
 from trainer import checkpoint
 from trainer import dist as D
+from trainer.agreement import agree, check_params_agree, setup_checks
 from trainer.comm import GradComm
 from trainer.config import TrainConfig, UsageError, parse_config
-from trainer.data import VOCAB_SIZE, ShardLoader, open_dataset
-from trainer.device import autocast_context, banner, cpu_has_bf16, resolve_dtype, setup_threads
-from trainer.metrics import CommTimer, JsonlWriter, progress_line, summarize_steps
+from trainer.data.loader import ShardLoader
+from trainer.data.tokenizer import VOCAB_SIZE
+from trainer.device import autocast_context, banner, setup_threads
+from trainer.metrics import CommTimer, JsonlWriter, progress_line
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
 from trainer.resilience import StragglerWatch, is_comm_failure, lost_peer_line
+from trainer.summary import rank_summary, run_summary
 
 # every rank's host and address, gathered at start: a rank that loses a peer names it
 _PEERS: list[dict] = []
-
-# settings that must match between a checkpoint and the run that resumes it
-_RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps")
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -44,111 +43,8 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def param_sha256(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def check_params_agree(model, step: int, hosts: list[str]) -> str:
-    """All ranks compare a checksum of their parameters; a mismatch names the ranks (exit 3)."""
-    mine = param_sha256(model)
-    shas = D.all_gather_object(mine)
-    bad = [r for r, s in enumerate(shas) if s != shas[0]]
-    if bad:
-        who = ", ".join(f"rank {r} on {hosts[r]} sha256 {shas[r][:12]}" for r in bad)
-        raise D.RanksDisagree(f"parameters differ after step {step}: rank 0 on {hosts[0]} sha256 "
-                              f"{shas[0][:12]} vs {who}; the ranks no longer train one model (check that "
-                              f"every node runs the same ddplab and torch version)")
-    return mine
-
-
 def write_json(path: Path, obj) -> None:
     checkpoint.atomic_write(Path(path), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
-def _setup_checks(cfg: TrainConfig, di: D.DistInfo) -> dict:
-    """Everything that can go wrong with this rank's input, as a status every rank will see."""
-    st = {"rank": di.rank, "host": D.hostname(), "addr": D.node_address(), "error": None,
-          "bf16_units": cpu_has_bf16() if cfg.device == "cpu" else None}
-    try:
-        st["dtype"], st["why"] = resolve_dtype(cfg)
-        ds = open_dataset(cfg.data)
-        st["digest"], st["files"] = ds.digest, ds.files
-        ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)  # world size vs row groups
-        out = Path(cfg.out)
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {out} exists and is not a folder; choose another path")
-        if di.rank == 0 and not cfg.resume and checkpoint.list_checkpoints(out):
-            raise UsageError(f"--out {out} already holds checkpoints of an earlier run; add --resume to "
-                             f"continue it, or choose a new --out")
-    except UsageError as e:
-        st["error"] = str(e)
-    return st
-
-
-def _agree(statuses: list[dict]) -> None:
-    failed = [s for s in statuses if s["error"]]
-    if failed:
-        if len(statuses) == 1:
-            raise UsageError(failed[0]["error"])
-        by_msg: dict[str, list[str]] = {}
-        for s in failed:
-            by_msg.setdefault(s["error"], []).append(f"rank {s['rank']} on {s['host']}")
-        raise UsageError("; ".join(f"{', '.join(who)}: {msg}" for msg, who in by_msg.items()))
-    ref = statuses[0]
-    diff = [s for s in statuses if s["digest"] != ref["digest"]]
-    if diff:
-        parts = []
-        for s in diff:
-            a, b = ref["files"], s["files"]
-            changed = sorted(f for f in set(a) & set(b) if a[f] != b[f])
-            only0, only_r = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-            what = "; ".join(x for x in (
-                f"differing files: {', '.join(changed[:5])}" if changed else "",
-                f"only on rank 0: {', '.join(only0[:5])}" if only0 else "",
-                f"only on rank {s['rank']}: {', '.join(only_r[:5])}" if only_r else "") if x)
-            parts.append(f"rank {s['rank']} on {s['host']} has data digest {s['digest'][:12]} "
-                         f"({len(b)} files), rank 0 on {ref['host']} has {ref['digest'][:12]} "
-                         f"({len(a)} files)"
-                         f"{': ' + what if what else ''}")
-        raise D.RanksDisagree("ranks would train on different data: " + " | ".join(parts) +
-                              "; fix: run the same `python -m trainer.data prepare` on every node or copy "
-                              "the master's shard folder")
-
-
-def _load_resume_state(cfg: TrainConfig, data_digest: str, world_size: int):
-    """Rank 0 reads the newest valid checkpoint; every rank gets it (or an error) by broadcast."""
-    payload = None
-    if D.is_main_process():
-        state, path, warnings = checkpoint.load_latest(cfg.out)
-        for w in warnings:
-            print(f"ddplab: warning: {w}", file=sys.stderr, flush=True)
-        if state is None:
-            payload = {"none": True}
-        else:
-            old = state["config"]
-            bad = [k for k in _RESUME_MUST_MATCH if old.get(k) != getattr(cfg, k)]
-            if bad:
-                payload = {"error": f"checkpoint {path} was written with " + ", ".join(
-                    f"--{k.replace('_', '-')} {old.get(k)}" for k in bad) + "; this run asks for " +
-                    ", ".join(f"{getattr(cfg, k)}" for k in bad) + "; resume with the same settings"}
-            elif state["data_digest"] != data_digest:
-                payload = {"error": f"checkpoint {path} was trained on data digest "
-                                    f"{state['data_digest'][:12]}, --data has {data_digest[:12]}; "
-                                    f"resume on the same shards"}
-            elif state["world_size"] != world_size:
-                payload = {"error": f"checkpoint {path} was written by {state['world_size']} ranks, this run "
-                                    f"has {world_size}; resume with the same number of ranks"}
-            else:
-                payload = state
-                payload["path"] = str(path)
-    payload = D.broadcast_state(payload)
-    if "error" in payload:
-        raise UsageError(payload["error"])
-    return None if payload.get("none") else payload
 
 
 def run(cfg: TrainConfig) -> int:
@@ -159,15 +55,15 @@ def run(cfg: TrainConfig) -> int:
     threads = setup_threads(cfg.threads, di.local_world_size)
 
     # 1. every rank checks its own input; all ranks see all results before anything is written
-    statuses = D.all_gather_object(_setup_checks(cfg, di))
-    _agree(statuses)
+    mine, ds = setup_checks(cfg, di)
+    statuses = D.all_gather_object(mine)
+    agree(statuses)  # raises unless every rank opened the same data set
     hosts = [s["host"] for s in statuses]
     _PEERS[:] = [{"rank": s["rank"], "host": s["host"], "addr": s["addr"]} for s in statuses]
     dtype, why = statuses[di.rank]["dtype"], statuses[di.rank]["why"]
     if len({s["dtype"] for s in statuses}) > 1:  # auto chose bf16 on some nodes only: all use fp32
         dtype, why = "fp32", "auto: not every node has bf16 units"
     run_id = D.broadcast_object(cfg.run_id or time.strftime("run-%Y%m%d-%H%M%S"))
-    ds = open_dataset(cfg.data)
 
     # 2. model, optimizer, data, resumed state
     gcfg = GPTConfig(vocab_size=VOCAB_SIZE, seq_len=cfg.seq_len, n_layer=cfg.depth, n_embd=cfg.n_embd,
@@ -181,7 +77,7 @@ def run(cfg: TrainConfig) -> int:
                             betas=(0.9, 0.95), eps=1e-8)
     loader = ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)
     start_step, loss_first = 0, None
-    resumed = _load_resume_state(cfg, ds.digest, di.world_size) if cfg.resume else None
+    resumed = checkpoint.load_for_resume(cfg, ds.digest, di.world_size) if cfg.resume else None
     if resumed is not None:
         raw.load_state_dict(resumed["model"])
         opt.load_state_dict(resumed["optim"])
@@ -275,36 +171,21 @@ def run(cfg: TrainConfig) -> int:
     metrics.close()
 
     # 4. summaries
-    mine = summarize_steps(records, max(cfg.timing_warmup_steps, comm.timing_skip)) if records else {}
-    rank_summary = {"rank": di.rank, "host": hosts[di.rank], "steps_run": len(records),
-                    "loss_first": loss_first, "loss_last": records[-1]["loss"] if records else None,
-                    "final_param_sha256": final_sha, "row_groups_read": sorted(loader.seen),
-                    "data_position": loader.state_dict()} | mine
-    write_json(out / f"summary.rank{di.rank}.json", rank_summary)
-    per_rank = D.all_gather_object(rank_summary)
+    mine = rank_summary(rank=di.rank, host=hosts[di.rank], records=records,
+                        timing_skip=max(cfg.timing_warmup_steps, comm.timing_skip), loss_first=loss_first,
+                        final_param_sha256=final_sha, row_groups_read=loader.seen,
+                        data_position=loader.state_dict())
+    write_json(out / f"summary.rank{di.rank}.json", mine)
+    per_rank = D.all_gather_object(mine)
     if D.is_main_process():
-        fpt = flops_per_token(gcfg)
-        summary = {
-            "run_id": run_id, "params": n_params, "world_size": di.world_size, "steps": cfg.steps,
-            "resumed_from_step": start_step if resumed is not None else None,
-            "tokens_per_step": tokens_per_step, "tokens_per_sec": mine.get("tokens_per_sec"),
-            "allreduce_ms_p50": mine.get("allreduce_ms_p50"),
-            "allreduce_ms_p95": mine.get("allreduce_ms_p95"),
-            "step_ms_p50": mine.get("step_ms_p50"), "compute_ms_p50": mine.get("compute_ms_p50"),
-            "exposed_ms_p50": mine.get("exposed_ms_p50"),
-            "allreduce_bytes_per_step": mine.get("allreduce_bytes_per_step"),
-            "comm_compute_ratio": mine.get("comm_compute_ratio"),
-            "byte_equivalent": len({r["final_param_sha256"] for r in per_rank}) == 1,
-            "final_param_sha256": final_sha, "torch_version": torch.__version__, "dtype": dtype,
-            "dtype_why": why, "threads": threads, "hosts": hosts, "data_digest": ds.digest,
-            "loss_first": loss_first, "loss_last": rank_summary["loss_last"], **comm.summary(),
-            "bucket_cap_mb": cfg.bucket_cap_mb,
-            "flops_per_token": fpt, "mfu": None,  # no known peak FLOP/s for a CPU
-            "est_memory_bytes_per_rank": mem,
-            "ranks": [{k: r.get(k) for k in ("rank", "host", "tokens_per_sec", "step_ms_p50", "loss_last")}
-                      for r in per_rank],
-        }
-        write_json(out / "summary.json", summary)
+        facts = {"run_id": run_id, "params": n_params, "world_size": di.world_size, "steps": cfg.steps,
+                 "resumed_from_step": start_step if resumed is not None else None,
+                 "tokens_per_step": tokens_per_step, "torch_version": torch.__version__, "dtype": dtype,
+                 "dtype_why": why, "threads": threads, "hosts": hosts, "data_digest": ds.digest,
+                 **comm.summary(), "bucket_cap_mb": cfg.bucket_cap_mb,
+                 "flops_per_token": flops_per_token(gcfg), "mfu": None,  # no known peak FLOP/s for a CPU
+                 "est_memory_bytes_per_rank": mem}
+        write_json(out / "summary.json", run_summary(per_rank, facts))
     D.barrier()
     D.print0("ddplab: done")
     return 0

@@ -3,15 +3,13 @@
 import json
 import random
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
+from bench import scaling_report
 
-import scaling_report  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 RATE = 1e9
 TOKENS = 1024

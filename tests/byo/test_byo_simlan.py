@@ -2,20 +2,19 @@
 unchanged through launch.yml, code parity in preflight, the torch pin against a user's requirements,
 and several ranks per node.
 
-One cluster serves the module (tests run in file order; the tamper test relies on the first run's sync);
-the last test discards it.
+One cluster serves the module: the `seed_run` fixture syncs the seed and trains it once, and the tests
+that need prepared hosts or the synced seed ask for it, so each test also runs alone. The
+ranks-per-node test discards the cluster at its end.
 """
 
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "orchestrator"))
-from orch_helpers import playbook, tail  # noqa: E402
+from tests.helpers.playbooks import playbook, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -58,18 +57,27 @@ def torch_version(cluster, host, python):
     return cluster.exec(host, [python, "-c", code], timeout=120, check=True).stdout.strip()
 
 
-def test_1_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_repo):
-    seed = (FIXTURES / "seed_code" / "dist_train.py").read_bytes()
+@pytest.fixture(scope="module")
+def seed_run(simlan_cluster, lab, seed_repo):
+    """launch.yml of the unchanged seed on fresh hosts, waited for: the playbook run."""
+    simlan2 = simlan_cluster(2, fresh=True)
     extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-seed", "ddplab_code_dir": seed_repo,
              "ddplab_entrypoint": "dist_train.py"}
     # torchrun's own per-rank log files (PET_* = torchrun flags from the environment) stand in for
     # files a user's code writes; ddplab_collect_globs brings them back.
     more = {"ddplab_env": {"PET_LOG_DIR": "torchrun-logs", "PET_TEE": "3"},
             "ddplab_collect_globs": ["torchrun-logs/**/stdout.log"]}
-    proc = playbook("launch.yml", "-e", json.dumps(more), inventory=simlan2.inventory_dir, timeout=600,
+    return playbook("launch.yml", "-e", json.dumps(more), inventory=simlan2.inventory_dir, timeout=600,
                     extra=extra)
-    assert proc.returncode == 0, tail(proc)
 
+
+def _seeded(seed_run) -> None:
+    assert seed_run.returncode == 0, "the module's seed launch.yml failed:\n" + tail(seed_run)
+
+
+def test_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_run, seed_repo):
+    _seeded(seed_run)
+    seed = (FIXTURES / "seed_code" / "dist_train.py").read_bytes()
     run = lab["ddplab_runs_dir"] / "byo-seed"
     for host, rank in zip(HOSTS, (0, 1), strict=True):
         log = (run / host / "launch.log").read_text()
@@ -101,9 +109,10 @@ def test_1_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_repo):
     assert {verdict["hosts"][h]["data"]["status"] for h in HOSTS} == {"n/a"}
 
 
-def test_2_code_changed_on_one_node_after_sync_fails_preflight(simlan2, lab, seed_repo):
+def test_code_changed_on_one_node_after_sync_fails_preflight(simlan2, lab, seed_run, seed_repo):
     """The changed copy is the master's: preflight compares with what the control host would sync, so it
     names node0 (comparing the nodes with each other would blame node1)."""
+    _seeded(seed_run)
     extra = {**lab, "ddplab_code_dir": seed_repo, "ddplab_entrypoint": "dist_train.py"}
     simlan2.exec("node0", ["bash", "-c", "echo '# local tweak' >> /root/ddplab/code/user/dist_train.py"],
                  timeout=30, check=True)
@@ -120,7 +129,8 @@ def test_2_code_changed_on_one_node_after_sync_fails_preflight(simlan2, lab, see
     assert again.returncode == 0, tail(again)
 
 
-def test_3_requirements_asking_for_another_torch_are_refused(simlan2, lab, tmp_path):
+def test_requirements_asking_for_another_torch_are_refused(simlan2, lab, seed_run, tmp_path):
+    _seeded(seed_run)  # prepared hosts: their pinned Python must stay as it is
     code = tmp_path / "code"
     shutil.copytree(FIXTURES / "rank_probe", code)
     (code / "requirements.txt").write_text("numpy\ntorch==2.1.0\n")
@@ -138,7 +148,7 @@ def test_3_requirements_asking_for_another_torch_are_refused(simlan2, lab, tmp_p
         assert simlan2.exec(host, ["test", "-e", "/root/ddplab/venv-code"], timeout=30).returncode != 0
 
 
-def test_4_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_cluster):
+def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_cluster):
     try:
         code = tmp_path / "code"
         shutil.copytree(FIXTURES / "rank_probe", code)

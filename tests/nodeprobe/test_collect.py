@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from probe_helpers import REPO, probe
 
-pytestmark = pytest.mark.slow
+from tests.helpers.probes import REPO, probe
 
 
 def _free_port() -> int:
@@ -76,6 +75,7 @@ def shards(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # two gloo ranks and a full gather; the other tests here are JSON in, JSON out
 def test_gather_then_warm_smoke_then_bundle_verdict_passes(shards, tmp_path):
     port = _free_port()
     g = probe(

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from probe_helpers import REPO, probe
 
 from nodeprobe import hashing
+from tests.helpers.probes import REPO, probe
 
 
 def _cpu_flags() -> set[str]:

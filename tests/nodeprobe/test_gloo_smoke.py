@@ -9,7 +9,8 @@ import sys
 import time
 
 import pytest
-from probe_helpers import REPO, popen_probe, probe
+
+from tests.helpers.probes import REPO, popen_probe, probe
 
 pytestmark = pytest.mark.slow
 

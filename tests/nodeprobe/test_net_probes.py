@@ -7,7 +7,7 @@ import json
 import socket
 import time
 
-from probe_helpers import popen_probe, probe
+from tests.helpers.probes import popen_probe, probe
 
 
 def _closed_port() -> int:

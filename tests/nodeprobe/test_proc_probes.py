@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from probe_helpers import probe
+from tests.helpers.probes import probe
 
 
 def _wait_for(pattern: str, stream, timeout: float = 15) -> re.Match:

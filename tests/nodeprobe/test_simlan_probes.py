@@ -7,9 +7,9 @@ import shutil
 import sys
 
 import pytest
-from probe_helpers import REPO
 
 from nodeprobe import verdict as V
+from tests.helpers.probes import REPO
 
 pytestmark = [pytest.mark.simlan, pytest.mark.slow]
 

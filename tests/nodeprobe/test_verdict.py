@@ -13,10 +13,10 @@ import subprocess
 import sys
 
 import pytest
-from probe_helpers import REPO, probe
 
 from nodeprobe import hashing
 from nodeprobe import verdict as V
+from tests.helpers.probes import REPO, probe
 
 PORT = 29500
 

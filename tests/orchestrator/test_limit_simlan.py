@@ -8,7 +8,8 @@ import shutil
 import time
 
 import pytest
-from orch_helpers import make_shards, playbook, tail
+
+from tests.helpers.playbooks import make_shards, playbook, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 

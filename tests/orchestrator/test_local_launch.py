@@ -6,7 +6,8 @@ import socket
 import subprocess
 
 import pytest
-from orch_helpers import REPO, make_shards, playbook, recap, tail
+
+from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from orch_helpers import REPO
+from tests.helpers.playbooks import REPO
 
 
 def write_rank(d, rank, losses, exit_code=0, summary=None):

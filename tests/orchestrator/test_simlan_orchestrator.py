@@ -1,7 +1,8 @@
 """The playbooks against 2 simulated hosts (real sshd, ufw, tmux, torchrun over the simlan bridge).
 
-One cluster serves the whole module (tests run in file order and build on each other's state:
-launch, then idempotence, then faults); the last test discards it.
+One cluster serves the whole module: the `first_launch` fixture prepares it and trains once (with a
+port squatter on the master), and every test asks for that fixture, so each test also runs alone
+(`pytest -k ufw`). The stop test discards the cluster at its end.
 """
 
 import json
@@ -12,7 +13,8 @@ import threading
 import time
 
 import pytest
-from orch_helpers import REPO, make_shards, playbook, recap, tail
+
+from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -38,7 +40,11 @@ def lab_pids(cluster, host, run_id):
     return out.stdout.split()
 
 
-def test_1_launch_trains_across_hosts_and_kills_the_port_squatter(simlan2, lab):
+@pytest.fixture(scope="module")
+def first_launch(simlan_cluster, lab):
+    """launch.yml (prepare, preflight, train 8 steps, wait) on fresh hosts, with a stale listener on the
+    master port: (the playbook run, the squatter's pid). The module's later tests start from here."""
+    simlan2 = simlan_cluster(2, fresh=True)
     # A stale listener on the master port: the master would fail with EADDRINUSE, the worker hang.
     squatter = simlan2.exec("node0", ["bash", "-c", f"setsid {sys.executable} -c 'import socket,time; "
                                       f"s=socket.socket(); s.bind((\"0.0.0.0\",{PORT})); s.listen(); "
@@ -49,6 +55,16 @@ def test_1_launch_trains_across_hosts_and_kills_the_port_squatter(simlan2, lab):
 
     proc = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=420,
                     extra={**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 8, "ddplab_run_id": "sim-a"})
+    return proc, squatter_pid
+
+
+def _prepared(first_launch) -> None:
+    proc, _ = first_launch
+    assert proc.returncode == 0, "the module's first launch.yml failed:\n" + tail(proc)
+
+
+def test_launch_trains_across_hosts_and_kills_the_port_squatter(simlan2, lab, first_launch):
+    proc, squatter_pid = first_launch
     assert proc.returncode == 0, tail(proc)
     assert f"{squatter_pid} (listening on master port {PORT})" in proc.stdout
     assert simlan2.exec("node0", ["kill", "-0", squatter_pid], timeout=30).returncode != 0
@@ -64,7 +80,8 @@ def test_1_launch_trains_across_hosts_and_kills_the_port_squatter(simlan2, lab):
         assert "iface eth0" in (run / host / "pane.txt").read_text()
 
 
-def test_2_ufw_allows_exactly_the_peers(simlan2, lab):
+def test_ufw_allows_exactly_the_peers(simlan2, lab, first_launch):
+    _prepared(first_launch)
     addr = {h.name: h.addr for h in simlan2.hosts}
     for host, peer in (("node0", addr["node1"]), ("node1", addr["node0"])):
         status = simlan2.exec(host, ["ufw", "status"], timeout=30, check=True).stdout
@@ -75,7 +92,8 @@ def test_2_ufw_allows_exactly_the_peers(simlan2, lab):
         assert all(r[0].startswith("22/tcp") for r in rules if r[0] != "Anywhere"), status
 
 
-def test_3_second_prepare_changes_nothing_and_check_diff_is_clean(simlan2, lab):
+def test_second_prepare_changes_nothing_and_check_diff_is_clean(simlan2, lab, first_launch):
+    _prepared(first_launch)
     again = playbook("prepare.yml", inventory=simlan2.inventory_dir, extra=lab, timeout=300)
     assert again.returncode == 0, tail(again)
     assert {h: r["changed"] for h, r in recap(again).items()} == {"node0": 0, "node1": 0}, tail(again)
@@ -85,7 +103,8 @@ def test_3_second_prepare_changes_nothing_and_check_diff_is_clean(simlan2, lab):
     assert all(r["failed"] == 0 and r["changed"] == 0 for r in recap(check).values()), tail(check)
 
 
-def test_4_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab):
+def test_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab, first_launch):
+    _prepared(first_launch)
     start = playbook("start.yml", inventory=simlan2.inventory_dir, timeout=300,
                      extra={**lab, "ddplab_trainer_steps": 60, "ddplab_run_id": "sim-cut"})
     assert start.returncode == 0, tail(start)
@@ -115,8 +134,9 @@ def test_4_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab)
     assert "node1 | ddplab: rank 1 exited with code 0" in out.stdout
 
 
-def test_5_stop_leaves_no_process_of_the_run(simlan2, lab, simlan_cluster):
+def test_stop_leaves_no_process_of_the_run(simlan2, lab, first_launch, simlan_cluster):
     try:
+        _prepared(first_launch)
         start = playbook("start.yml", inventory=simlan2.inventory_dir, timeout=300,
                          extra={**lab, "ddplab_trainer_steps": 5000, "ddplab_run_id": "sim-stop"})
         assert start.returncode == 0, tail(start)

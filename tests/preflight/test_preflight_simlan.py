@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "orchestrator"))
-from orch_helpers import REPO, playbook, tail  # noqa: E402
+from tests.helpers.playbooks import REPO, playbook, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 

@@ -1,11 +1,6 @@
 """The lines a rank prints when it loses a peer or when a rank straggles (pure functions, real gloo text)."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from trainer.resilience import is_comm_failure, lost_peer_line, stragglers  # noqa: E402
+from trainer.resilience import is_comm_failure, lost_peer_line, stragglers
 
 PEERS = [{"rank": r, "host": f"node{r}", "addr": f"10.77.2.1{r}"} for r in range(3)]
 # as torch 2.13 raised it in a DDP backward when the peer's process was SIGKILLed

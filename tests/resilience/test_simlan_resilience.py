@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "orchestrator"))
-from orch_helpers import BIN, REPO, make_shards, playbook, tail  # noqa: E402
+from tests.helpers.playbooks import BIN, REPO, make_shards, playbook, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 

@@ -7,9 +7,10 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY, error_lines, torchrun, trainer
 
-from trainer.data import manifest_digest, prepare, sha256_file
+from nodeprobe.hashing import sha256_file
+from tests.helpers.trainer_runs import TINY, error_lines, torchrun, trainer
+from trainer.data.shards import manifest_digest, prepare
 from trainer.device import cpu_has_bf16
 
 

@@ -4,9 +4,9 @@ import json
 import math
 
 import pytest
-from conftest import TINY, read_jsonl, torchrun, trainer
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
+from tests.helpers.trainer_runs import TINY, read_jsonl, torchrun, trainer
 from trainer.comm import AUTO_CANDIDATES, decide
 from trainer.model import GPT, GPTConfig
 

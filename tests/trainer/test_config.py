@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, env
 
-from trainer.config import FIELD_HELP, TrainConfig, UsageError, parse_config
+from tests.helpers.trainer_runs import REPO, env
+from trainer.config import FIELD_HELP, TrainConfig, UsageError, check_args, parse_config
 
 
 def test_depth_sets_width_and_heads():
@@ -56,3 +56,47 @@ def test_flags_map_onto_fields_and_config_roundtrips_as_json():
     assert (c.resume, c.pg_timeout_s) == (True, 30)
     again = TrainConfig(**{k: v for k, v in c.to_dict().items()})
     assert again.to_dict() == c.to_dict()
+
+
+BASE = ["--data", "d", "--out", "o"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (BASE + ["--depth", "99"], "trainer argument --depth: 99 given; --depth must be in 1..64"),
+    (BASE + ["--depth", "x"], "trainer argument --depth: invalid int value: 'x'; a whole number"),
+    (BASE + ["--lr", "fast"], "trainer argument --lr: invalid float value: 'fast'; a number"),
+    (BASE + ["--comm", "pigeon"],
+     "trainer argument --comm: invalid choice: 'pigeon'; one of fp32, bf16, fp16, powersgd, auto"),
+    (BASE + ["--resume=yes"],
+     "trainer argument --resume: ignored explicit argument 'yes'; --resume takes no value"),
+    (BASE + ["--bogus", "1"], "trainer argument --bogus 1: unknown flag; the flags are those listed by "
+                              "`python -m trainer --help`"),
+    (["--depth", "2"], "trainer argument --data, --out: not given; required by every run (the launch role "
+                       "passes them)"),
+    (BASE + ["--run-id", "a/b"],
+     "trainer argument --run-id: 'a/b' given; --run-id may only contain letters, digits, '-', '_' and '.'"),
+    (BASE + ["--n-embd", "6", "--n-head", "2"],
+     "trainer argument --n-embd/--n-head: head size 3 (n_embd/n_head) must be even for rotary embeddings"),
+])
+def test_check_args_names_the_argument_and_what_is_allowed(argv, line):
+    assert check_args(argv) == line
+
+
+def test_check_args_accepts_what_the_launch_role_passes():
+    assert check_args(BASE + ["--run-id", "run-1", "--steps", 50, "--depth", 2, "--pg-timeout-s", "45",
+                              "--resume", "--threads", "1", "--comm", "auto"]) is None
+
+
+def test_check_args_cli_needs_no_torch_and_exits_2_with_one_line():
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['trainer', '--check-args', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('trainer', run_name='__main__')\n"
+             "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
+    ok = subprocess.run([sys.executable, "-c", probe, *BASE, "--depth", "3"], cwd=REPO, env=env(),
+                        capture_output=True, text=True, timeout=60)
+    assert (ok.stdout.split(), ok.stderr) == (["0", "False"], "")
+    bad = subprocess.run([sys.executable, "-m", "trainer", "--check-args", *BASE, "--steps", "0"], cwd=REPO,
+                         env=env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines() == ["ddplab: error: trainer argument --steps: 0 given; --steps must be at "
+                                       "least 1"]

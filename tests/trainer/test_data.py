@@ -10,18 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer.config import UsageError
-from trainer.data import (
-    BOS,
-    ShardLoader,
-    encode,
-    main,
-    manifest_digest,
-    open_dataset,
-    prepare,
-    read_source,
-    synthetic_docs,
-    verify,
-)
+from trainer.data.__main__ import main
+from trainer.data.corpus import read_source, synthetic_docs
+from trainer.data.loader import ShardLoader
+from trainer.data.shards import manifest_digest, open_dataset, prepare, verify
+from trainer.data.tokenizer import BOS, encode
 
 
 def test_manifest_matches_the_contract(shards):

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, env, free_port, read_jsonl, torchrun, torchrun_cmd
 
-from trainer.data import prepare
+from tests.helpers.trainer_runs import REPO, TINY, env, free_port, read_jsonl, torchrun, torchrun_cmd
+from trainer.agreement import param_sha256
+from trainer.data.shards import prepare
 from trainer.model import GPT, GPTConfig, param_count
-from trainer.train import param_sha256
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,8 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import free_port
 
+from tests.helpers.trainer_runs import free_port
 from trainer.dist import wait_all
 
 reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

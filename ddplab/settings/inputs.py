@@ -1,0 +1,171 @@
+"""Checks of the control host's inputs named by settings: folders, the entry point, the shards' manifest.
+
+Each function takes the resolved settings of the run and returns Problems naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from ddplab.settings.problems import CONTROL, Problem
+from nodeprobe import hashing
+
+# Shard sets up to this size are hashed here (the default set is ~400 kB); larger ones are checked for
+# presence only, and their sha256 is verified on every node by the dataset role.
+HASH_BUDGET_BYTES = 256 << 20
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_RESERVED = re.compile(r"DDPLAB_.*|MASTER_ADDR|MASTER_PORT|NODE_RANK|NNODES|NPROC_PER_NODE|PYTHONPATH")
+REGEN = "regenerate it with `make data` (or python -m trainer.data prepare --out DIR)"
+
+
+def _p(subject, found, allowed, fix):
+    return Problem(subject, found, allowed, fix, hosts=[])
+
+
+def relations(v: dict) -> list[Problem]:
+    out = []
+    code, entry = v["ddplab_code_dir"], v["ddplab_entrypoint"]
+    if bool(code) != bool(entry):
+        name = "ddplab_entrypoint" if code else "ddplab_code_dir"
+        other = "ddplab_code_dir" if name == "ddplab_entrypoint" else "ddplab_entrypoint"
+        out.append(_p(name, f"{json.dumps(v[name])} while {other} is {json.dumps(v[other])}",
+                      "both set (your own code) or both empty (the built-in trainer)",
+                      "set both, e.g. ddplab_entrypoint=train.py or \"-m scripts.base_train\", or neither"))
+    if not v["ddplab_data_dir"] and not entry:
+        out.append(_p("ddplab_data_dir", "\"\" (an empty string) with the built-in trainer",
+                      "a shard folder: the built-in trainer trains on parquet shards",
+                      "set it to a shard folder (`make data` writes data/shards), or bring your own code "
+                      "(ddplab_code_dir and ddplab_entrypoint)"))
+    if v["ddplab_pip_requirements"] and not code:
+        out.append(_p("ddplab_pip_requirements", json.dumps(v["ddplab_pip_requirements"]) + " without "
+                      "ddplab_code_dir", "a file inside ddplab_code_dir",
+                      "set ddplab_code_dir, or leave ddplab_pip_requirements empty"))
+    if v["ddplab_entrypoint_args"] and not entry:
+        out.append(_p("ddplab_entrypoint_args", json.dumps(v["ddplab_entrypoint_args"]) + " with the "
+                      "built-in trainer", "arguments of your own entry point",
+                      "pass the built-in trainer's flags in ddplab_trainer_extra_args instead"))
+    return out
+
+
+def _is_dir(name: str, path: str, fix: str) -> list[Problem]:
+    if os.path.isdir(path):
+        return []
+    found = f"{path} is a file" if os.path.exists(path) else f"{path} does not exist"
+    return [_p(name, found, "a folder on the control host", fix)]
+
+
+def folders(v: dict) -> list[Problem]:
+    out = _is_dir("ddplab_repo_dir", v["ddplab_repo_dir"],
+                  "point it at the ddplab checkout (or leave it unset)")
+    runs = v["ddplab_runs_dir"]
+    if os.path.exists(runs) and not os.path.isdir(runs):
+        out.append(_p("ddplab_runs_dir", f"{runs} is a file", "a folder (created when missing)",
+                      "point it at a folder"))
+    return out
+
+
+def code(v: dict) -> list[Problem]:
+    root, entry, req = v["ddplab_code_dir"], v["ddplab_entrypoint"].strip(), v["ddplab_pip_requirements"]
+    if not root:
+        return []
+    out = _is_dir("ddplab_code_dir", root, "set it to the folder of your training code on the control host")
+    if out:
+        return out
+    if not entry:
+        pass  # relations() reports the missing entry point
+    elif entry.startswith("-m"):
+        module = entry[2:].strip()
+        if not MODULE.fullmatch(module):
+            out.append(_p("ddplab_entrypoint", json.dumps(entry),
+                          "\"-m package.module\" with a dotted module name, or a script path",
+                          "fix the module name, e.g. \"-m scripts.base_train\""))
+    else:
+        out += _inside("ddplab_entrypoint", root, entry, "a script file relative to ddplab_code_dir",
+                       "fix the path, or use \"-m package.module\"")
+    if req:
+        out += _inside("ddplab_pip_requirements", root, req, "a file relative to ddplab_code_dir",
+                       "fix the path (relative to ddplab_code_dir), or set it to \"\"")
+    return out
+
+
+def _inside(name: str, root: str, rel: str, allowed: str, fix: str) -> list[Problem]:
+    path = os.path.normpath(os.path.join(root, rel))
+    if os.path.isabs(rel) or not path.startswith(os.path.normpath(root) + os.sep):
+        return [_p(name, f"{json.dumps(rel)} is outside ddplab_code_dir", allowed, fix)]
+    if not os.path.isfile(path):
+        return [_p(name, f"{json.dumps(rel)}: {path} does not exist", allowed, fix)]
+    return []
+
+
+def env(v: dict, host: str) -> list[Problem]:
+    names = list(v["ddplab_env"])
+    bad = [n for n in names if not ENV_NAME.fullmatch(n)]
+    reserved = [n for n in names if ENV_NAME.fullmatch(n) and ENV_RESERVED.fullmatch(n)]
+    out = []
+    if bad or reserved:
+        out.append(Problem("ddplab_env", "names " + json.dumps(bad + reserved),
+                           "shell variable names other than DDPLAB_*, MASTER_ADDR, MASTER_PORT, NODE_RANK, "
+                           "NNODES, NPROC_PER_NODE and PYTHONPATH (ddplab sets those)",
+                           "rename or remove those variables", hosts=[host]))
+    return out
+
+
+def regexes(v: dict) -> list[Problem]:
+    try:
+        re.compile(v["ddplab_code_exclude_regex"])
+    except re.error as e:
+        return [_p("ddplab_code_exclude_regex", f"{json.dumps(v['ddplab_code_exclude_regex'])}: {e}",
+                   "a Python regular expression", "fix the expression (or leave the setting unset)")]
+    return []
+
+
+def shards(v: dict) -> list[Problem]:
+    """The control host's shard folder and its manifest.json: present, JSON, safe names, matching files."""
+    data = v["ddplab_data_dir"]
+    if not data:
+        return []
+    fix = "make the shards (`make data` writes data/shards) or set ddplab_data_dir to your shard folder"
+    if v["ddplab_entrypoint"]:
+        fix += " (\"\" when your code brings its own data)"
+    found = _is_dir("ddplab_data_dir", data, fix)
+    if found:
+        return found
+    path = Path(data) / "manifest.json"
+    if not path.is_file():
+        return [Problem(str(path), "missing", "a shard folder made by python -m trainer.data prepare",
+                        REGEN + ", or set ddplab_data_dir", hosts=[CONTROL])]
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return [Problem(str(path), f"not JSON ({e})", "the JSON manifest that trainer.data prepare writes",
+                        REGEN, hosts=[CONTROL])]
+    try:
+        listed = hashing.manifest_files(manifest)
+    except ValueError as e:
+        return [Problem(str(path), str(e), "a 'files' list of {file, sha256}", REGEN, hosts=[CONTROL])]
+    unsafe = [f for f in listed if "/" in f or "\\" in f or f in ("", ".", "..") or ".." in f.split("/")]
+    if not listed or unsafe:
+        found = f"unsafe file names {json.dumps(unsafe)}" if unsafe else "no files listed"
+        return [Problem(str(path), found, "plain file names inside the shard folder (no '/' or '..')",
+                        REGEN, hosts=[CONTROL])]
+    if manifest.get("digest") != hashing.set_digest(listed):
+        digest = str(manifest.get("digest"))[:16]
+        return [Problem(str(path), f"digest {digest}... does not match its files list",
+                        "the digest of the listed files (docs/contracts.md)", REGEN, hosts=[CONTROL])]
+    missing = [f for f in sorted(listed) if not (Path(data) / f).is_file()]
+    if missing:
+        return [Problem(str(path), f"lists files missing from {data}: {', '.join(missing[:5])}",
+                        "every listed shard present", REGEN, hosts=[CONTROL])]
+    size = sum((Path(data) / f).stat().st_size for f in listed)
+    if size <= HASH_BUDGET_BYTES:
+        actual = {f: hashing.sha256_file(Path(data) / f) for f in listed}
+        diff = hashing.compare(actual, listed)
+        if diff["changed"]:
+            changed = ", ".join(diff["changed"][:5])
+            return [Problem(str(path), f"sha256 of {changed} differs from the manifest",
+                            "shards whose sha256 matches manifest.json", REGEN, hosts=[CONTROL])]
+    return []

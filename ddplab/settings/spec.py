@@ -1,0 +1,171 @@
+"""The one typed specification of every `ddplab_*` name: type, default, range, choices, one-line doc.
+
+Everything else is derived from this list: the role defaults (roles/ddplab/defaults/main.yml), Ansible's
+argument specs (roles/ddplab/meta/argument_specs.yml), the commented example inventory
+(inventory/example/group_vars/all/{ddplab,code}.yml) and the checks of `python -m ddplab validate`.
+Add a setting here, then run `python -m ddplab settings --write`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Sections: where a setting is documented. "run" and "code" go to the example group_vars files;
+# "host" settings are per inventory host (documented in inventory/example/hosts.yml) and have no default.
+RUN, CODE, HOST = "run", "code", "host"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str  # int, bool, str, list (of strings), dict (of strings)
+    default: object  # a value, or a Jinja string (see `jinja`); None: no default (host settings)
+    doc: str  # one line (the generated files wrap it)
+    section: str = RUN
+    min: int | None = None
+    max: int | None = None
+    choices: tuple = ()
+    pattern: str | None = None  # full-match regex for str values ("" is always allowed unless `required`)
+    pattern_doc: str = ""  # what the pattern allows, in words
+    per_host: bool = False  # may differ between hosts (else one value for the whole run)
+    example: object = None  # shown in the example inventory instead of the default
+    required: bool = False  # host settings every node must have
+
+    @property
+    def jinja(self) -> bool:
+        return isinstance(self.default, str) and "{{" in self.default
+
+    def allowed(self) -> str:
+        """What values are allowed, in words (the middle part of a message)."""
+        if self.kind == "int":
+            if self.min is not None and self.max is not None:
+                return f"an integer in {self.min}..{self.max}"
+            if self.min is not None:
+                return f"an integer >= {self.min}"
+            return "an integer"
+        if self.kind == "bool":
+            return "true or false (also yes/no, on/off, 1/0)"
+        if self.kind == "list":
+            return "a list of strings, e.g. [\"a\", \"b\"]"
+        if self.kind == "dict":
+            return "a mapping of names to strings, e.g. {NAME: value}"
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        return self.pattern_doc or "a string"
+
+
+RUN_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+
+SETTINGS: tuple[Setting, ...] = (
+    # --- the nodes ---------------------------------------------------------------------------------
+    Setting("ddplab_root", "str", "~/ddplab",
+            "Lab folder on every node (code/, data/, venv/, runs/<run_id>/, tmux.sock); `~` is the SSH "
+            "user's home.", pattern=r"(~|/).*", pattern_doc="a path starting with ~ or /", per_host=True),
+    Setting("ddplab_master_port", "int", 29500,
+            "Rank 0's TCP port for torchrun's rendezvous store; prepare.yml ends whatever listens on it "
+            "on the master.", min=1, max=65535),
+    Setting("ddplab_torch_version", "str", "2.13.0",
+            "Exact torch version on every node (the CPU wheel); must exist in the configured wheel folder "
+            "or index. A node whose Python has it (with numpy and pyarrow) is reused; otherwise a venv is "
+            "made in <ddplab_root>/venv.",
+            pattern=r"\d+(\.\d+){1,2}((a|b|rc)\d+)?(\.post\d+)?(\+[a-z0-9.]+)?",
+            pattern_doc="a version such as 2.13.0"),
+    Setting("ddplab_python", "str", "",
+            "Python to try first on each node (\"\" = the Ansible interpreter, then python3).",
+            per_host=True, example="/opt/py/bin/python3"),
+    Setting("ddplab_pip_index_url", "str", "",
+            "pip index for torch when a node needs a new venv, e.g. a local mirror (\"\" = pip's default "
+            "index).",
+            pattern=r"(https?|file)://\S+", pattern_doc="an http(s):// or file:// URL", per_host=True),
+    Setting("ddplab_pip_find_links", "str", "",
+            "A folder of wheels (or a URL) pip also looks in for torch (\"\" = none).", per_host=True),
+    # --- the run -------------------------------------------------------------------------------------
+    Setting("ddplab_run_id", "str", "",
+            "Run id. launch.yml: \"\" makes run-YYYYmmdd-HHMMSS; status/stop/collect_logs: \"\" = the last "
+            "run launched on the master.", pattern=RUN_ID,
+            pattern_doc="letters, digits, '.', '_' and '-' (at most 64, starting with a letter or digit)"),
+    Setting("ddplab_repo_dir", "str", "{{ playbook_dir | dirname }}",
+            "The ddplab checkout on the control host."),
+    Setting("ddplab_data_dir", "str", "{{ ddplab_repo_dir }}/data/shards",
+            "Control-side shard folder with manifest.json (`make data` writes it); \"\" with your own code: "
+            "nothing is copied or checked."),
+    Setting("ddplab_runs_dir", "str", "{{ ddplab_repo_dir }}/runs",
+            "Control-side folder where runs are collected (runs/<run_id>/)."),
+    Setting("ddplab_trainer_steps", "int", 50, "Built-in trainer: optimizer steps (--steps).", min=1),
+    Setting("ddplab_trainer_depth", "int", 2, "Built-in trainer: transformer blocks (--depth).", min=1),
+    Setting("ddplab_trainer_extra_args", "list", [],
+            "Built-in trainer: more flags, as a list (python -m trainer --help).",
+            example=["--batch-size", "8"]),
+    Setting("ddplab_threads", "int", 0,
+            "Torch threads per rank (OMP/MKL_NUM_THREADS); 0 = the node's CPU count / ranks per node.",
+            min=0, per_host=True),
+    Setting("ddplab_rdzv_timeout", "int", 60,
+            "Seconds every node has to join torchrun's static rendezvous (torchrun's own default is 600).",
+            min=1),
+    Setting("ddplab_pg_timeout", "int", 45,
+            "Seconds a rank waits for a peer in a collective before it fails, naming the peer (torch's "
+            "default is 30 minutes: a short value turns a hang into an error).", min=1),
+    Setting("ddplab_max_restarts", "int", 0,
+            "torchrun --max-restarts: restarts of a node's workers after a failure (0: fail at once).",
+            min=0),
+    Setting("ddplab_resume", "bool", False,
+            "launch.yml: continue the run from its newest valid checkpoint on the master (also automatic "
+            "when a reused ddplab_run_id finds checkpoints)."),
+    Setting("ddplab_wait", "bool", False,
+            "launch.yml: follow the run to its end (a progress line every ddplab_wait_poll s), then collect "
+            "the logs into runs/<run_id>/ and fail if a rank did not exit 0."),
+    Setting("ddplab_wait_timeout", "int", 3600, "launch.yml with ddplab_wait: longest wait (s).", min=1),
+    Setting("ddplab_wait_poll", "int", 10, "launch.yml with ddplab_wait: seconds between progress lines.",
+            min=1),
+    Setting("ddplab_strict", "bool", True,
+            "An unknown ddplab_* name (a typo) is an error; false: a warning."),
+    # --- bring your own code -------------------------------------------------------------------------
+    Setting("ddplab_code_dir", "str", "",
+            "A folder on the control host synced to <ddplab_root>/code/<ddplab_code_subdir>/ on every node "
+            "(what git would commit; .git never); \"\" = the built-in trainer. Needs ddplab_entrypoint.",
+            section=CODE, example="/home/me/src/nanochat"),
+    Setting("ddplab_code_subdir", "str", "user",
+            "Folder under <ddplab_root>/code/ that ddplab_code_dir lands in.", section=CODE,
+            pattern=r"(?!trainer$|nodeprobe$|\.\.?$)[A-Za-z0-9._-]+",
+            pattern_doc="one folder name other than trainer, nodeprobe, . and .."),
+    Setting("ddplab_code_exclude_regex", "str", r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$",
+            "Code paths never copied nor hashed (a Python regex over relative paths).", section=CODE),
+    Setting("ddplab_entrypoint", "str", "",
+            "A script relative to ddplab_code_dir (train.py) or \"-m package.module\".", section=CODE,
+            example="-m scripts.base_train"),
+    Setting("ddplab_entrypoint_args", "list", [], "Arguments of the entry point (each shell-quoted for you).",
+            section=CODE, example=["--device-type=cpu", "--depth=4", "--num-iterations=20"]),
+    Setting("ddplab_env", "dict", {},
+            "Extra environment variables of the ranks (per group or host; ddplab's own names are refused).",
+            section=CODE, per_host=True,
+            example={"NANOCHAT_BASE_DIR": "/data/nanochat", "PET_LOG_DIR": "torchrun-logs"}),
+    Setting("ddplab_nproc_per_node", "int", 1, "torchrun ranks per node (world size = nodes x this).",
+            section=CODE, min=1, max=1024),
+    Setting("ddplab_collect_globs", "list", [],
+            "Files your code writes, relative to the run folder on the node (** recurses), brought back by "
+            "collect_logs.", section=CODE, example=["**/*.json", "torchrun-logs/**/*.log"]),
+    Setting("ddplab_pip_requirements", "str", "",
+            "A requirements file inside ddplab_code_dir, installed with torch==ddplab_torch_version as a "
+            "constraint (\"\" = none).", section=CODE, example="requirements.txt"),
+    # --- per inventory host --------------------------------------------------------------------------
+    Setting("ddplab_node_rank", "int", None, "0 for the master, then 1, 2, ... (unique).", section=HOST,
+            min=0, per_host=True, required=True),
+    Setting("ddplab_addr", "str", None,
+            "IPv4 address the other nodes use for this one (default: ansible_host).", section=HOST,
+            per_host=True),
+    Setting("ddplab_simlan", "bool", None, "Written by simlan: the host is a simulated one.", section=HOST,
+            per_host=True),
+)
+
+BY_NAME = {s.name: s for s in SETTINGS}
+
+# Facts the roles set at run time (roles/ddplab/tasks, playbooks): never settings, never reported.
+INTERNAL = frozenset({
+    "ddplab_lab", "ddplab_run", "ddplab_run_dir", "ddplab_control_run_dir", "ddplab_master_host",
+    "ddplab_master_addr", "ddplab_node_addr", "ddplab_world_size", "ddplab_all_local", "ddplab_home",
+    "ddplab_last_run", "ddplab_run_id_mode", "ddplab_root_abs",
+})
+
+
+def defaults_section(section: str) -> list[Setting]:
+    return [s for s in SETTINGS if s.section == section]

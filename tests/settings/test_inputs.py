@@ -1,0 +1,176 @@
+"""Relations between settings and the control host's inputs: folders, entry point, shards' manifest."""
+
+import json
+import shutil
+
+import pytest
+from settings_helpers import errors, inventory, one_error, shards  # noqa: F401
+
+
+@pytest.fixture
+def data(shards, tmp_path):  # noqa: F811
+    d = tmp_path / "shards"
+    shutil.copytree(shards, d)
+    return d
+
+
+@pytest.fixture
+def code(tmp_path):
+    d = tmp_path / "code"
+    (d / "pkg").mkdir(parents=True)
+    (d / "train.py").write_text("print('hi')\n")
+    (d / "requirements.txt").write_text("numpy\n")
+    return d
+
+
+def byo(data, code, **kw):
+    return inventory(data, **{"ddplab_code_dir": str(code), "ddplab_entrypoint": "train.py", **kw})
+
+
+def test_healthy_builtin_and_byo(data, code):
+    assert errors(inventory(data)) == []
+    inv = byo(data, code, ddplab_entrypoint_args=["--x"], ddplab_pip_requirements="requirements.txt")
+    assert errors(inv) == []
+    assert errors(byo(data, code, ddplab_entrypoint="-m pkg.main", ddplab_data_dir="")) == []
+
+
+@pytest.mark.parametrize(("name", "path", "found"), [
+    ("ddplab_data_dir", "/nonexistent", "/nonexistent does not exist"),
+    ("ddplab_code_dir", "/nonexistent", "/nonexistent does not exist"),
+    ("ddplab_repo_dir", "/nonexistent", "/nonexistent does not exist"),
+])
+def test_missing_folder(data, code, name, path, found):
+    inv = byo(data, code, **{name: path})
+    line = one_error(inv, name)
+    assert f"(all): {found}; a folder on the control host;" in line
+
+
+def test_folder_that_is_a_file(data, code):
+    line = one_error(inventory(data, ddplab_data_dir=str(code / "train.py")), "ddplab_data_dir")
+    assert "is a file" in line
+
+
+def test_code_dir_without_entrypoint_and_back(data, code):
+    one_error(inventory(data, ddplab_code_dir=str(code)), "ddplab_entrypoint")
+    line = one_error(inventory(data, ddplab_entrypoint="missing.py"), "ddplab_code_dir")
+    assert 'while ddplab_entrypoint is "missing.py"' in line
+
+
+@pytest.mark.parametrize(("entry", "found"), [
+    ("missing.py", "does not exist"), ("../outside.py", "is outside ddplab_code_dir"),
+    ("/etc/passwd", "is outside ddplab_code_dir"), ("pkg", "does not exist"),
+])
+def test_entrypoint_script(data, code, entry, found):
+    assert found in one_error(byo(data, code, ddplab_entrypoint=entry), "ddplab_entrypoint")
+
+
+@pytest.mark.parametrize("entry", ["-m", "-m 3bad", "-m pkg..mod", "-m pkg mod"])
+def test_entrypoint_module_name(data, code, entry):
+    one_error(byo(data, code, ddplab_entrypoint=entry), "ddplab_entrypoint")
+
+
+def test_requirements_must_be_in_the_code_dir(data, code):
+    assert "does not exist" in one_error(byo(data, code, ddplab_pip_requirements="req.txt"),
+                                         "ddplab_pip_requirements")
+    one_error(inventory(data, ddplab_pip_requirements="requirements.txt"), "ddplab_pip_requirements")
+
+
+def test_empty_data_dir_needs_own_code(data):
+    line = one_error(inventory(data, ddplab_data_dir=""), "ddplab_data_dir")
+    assert "built-in trainer" in line
+
+
+def test_entrypoint_args_with_builtin_trainer(data):
+    one_error(inventory(data, ddplab_entrypoint_args=["--x"]), "ddplab_entrypoint_args")
+
+
+def test_env_names(data):
+    line = one_error(inventory(data, ddplab_env={"MASTER_PORT": "1", "1BAD": "x", "OK": "y"}), "ddplab_env")
+    assert '"1BAD"' in line and '"MASTER_PORT"' in line and '"OK"' not in line
+
+
+def test_exclude_regex_must_compile(data):
+    one_error(inventory(data, ddplab_code_exclude_regex="(unclosed"), "ddplab_code_exclude_regex")
+
+
+# --- the shards' manifest ------------------------------------------------------------------------------
+
+def _manifest(data):
+    return data / "manifest.json"
+
+
+def _rewrite(data, fn):
+    m = json.loads(_manifest(data).read_text())
+    fn(m)
+    _manifest(data).write_text(json.dumps(m))
+
+
+def test_manifest_not_json(data):
+    _manifest(data).write_text("{files: [")
+    line = one_error(inventory(data), str(_manifest(data)))
+    assert "(control host): not JSON" in line and "regenerate it with `make data`" in line
+
+
+def test_manifest_missing(data):
+    _manifest(data).unlink()
+    assert "missing" in one_error(inventory(data), str(_manifest(data)))
+
+
+@pytest.mark.parametrize("name", ["../shard_00000.parquet", "sub/shard.parquet", ".."])
+def test_manifest_paths_with_slash_or_dotdot(data, name):
+    _rewrite(data, lambda m: m["files"][0].update(file=name))
+    line = one_error(inventory(data), str(_manifest(data)))
+    assert "unsafe file names" in line and "no '/' or '..'" in line
+
+
+def test_manifest_without_files(data):
+    _rewrite(data, lambda m: m.pop("files"))
+    one_error(inventory(data), str(_manifest(data)))
+
+
+def test_manifest_digest_mismatch(data):
+    _rewrite(data, lambda m: m.update(digest="0" * 64))
+    assert "digest 0000000000000000... does not match" in one_error(inventory(data), str(_manifest(data)))
+
+
+def test_shard_changed_or_missing(data):
+    first = sorted(data.glob("*.parquet"))[0]
+    first.write_bytes(first.read_bytes() + b"x")
+    assert f"sha256 of {first.name} differs" in one_error(inventory(data), str(_manifest(data)))
+    first.unlink()
+    line = one_error(inventory(data), str(_manifest(data)))
+    assert f"lists files missing from {data}: {first.name}" in line
+
+
+def test_no_manifest_check_with_own_data(code, tmp_path):
+    inv = byo(tmp_path / "none", code, ddplab_data_dir="")
+    assert errors(inv) == []
+
+
+# --- the trainer's own validation --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "value", "said"), [
+    ("ddplab_trainer_depth", 65, "--depth must be in 1..64, got 65"),
+    ("ddplab_pg_timeout", 2, "--pg-timeout-s must be at least 5 seconds"),
+    ("ddplab_trainer_extra_args", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("ddplab_trainer_extra_args", ["--batch-size", "0"], "--batch-size must be at least 1"),
+    ("ddplab_trainer_extra_args", ["--comm", "zip"], "invalid choice"),
+])
+def test_trainer_checks_its_flags(data, name, value, said):
+    line = one_error(inventory(data, **{name: value}), name)
+    assert "the trainer says" in line and said in line
+
+
+def test_trainer_flags_ignored_for_own_code(data, code):
+    assert errors(byo(data, code, ddplab_trainer_depth=65)) == []
+
+
+def test_trainer_argv_matches_launch_args():
+    from ddplab.settings.external import trainer_argv
+    from ddplab.settings.validate import resolve
+
+    given = {"ddplab_trainer_extra_args": ["--lr", "0.01"], "ddplab_resume": True}
+    values, _ = resolve(given, "/r/playbooks")
+    assert trainer_argv(values) == ["--data", "/r/data/shards", "--out", "run/out", "--run-id", "run-check",
+                                    "--steps", "50", "--depth", "2", "--pg-timeout-s", "45", "--resume",
+                                    "--lr", "0.01", "--threads", "1"]

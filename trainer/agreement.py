@@ -1,0 +1,94 @@
+"""Ranks agree before and during training: same input at the start, same parameters after steps.
+
+At the start every rank checks its own input (data, dtype, output folder) and all ranks see all the
+results before anything is written; a rank whose data differs is named (exit 3). During the run the
+ranks compare a checksum of their parameters; DDP keeps them byte-identical, so a difference means the
+ranks no longer train one model (exit 3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from trainer import checkpoint
+from trainer import dist as D
+from trainer.config import TrainConfig, UsageError
+from trainer.data.loader import ShardLoader
+from trainer.data.shards import Dataset, open_dataset
+from trainer.device import cpu_has_bf16, resolve_dtype
+
+
+def param_sha256(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_params_agree(model, step: int, hosts: list[str]) -> str:
+    """All ranks compare a checksum of their parameters; a mismatch names the ranks (exit 3)."""
+    mine = param_sha256(model)
+    shas = D.all_gather_object(mine)
+    bad = [r for r, s in enumerate(shas) if s != shas[0]]
+    if bad:
+        who = ", ".join(f"rank {r} on {hosts[r]} sha256 {shas[r][:12]}" for r in bad)
+        raise D.RanksDisagree(f"parameters differ after step {step}: rank 0 on {hosts[0]} sha256 "
+                              f"{shas[0][:12]} vs {who}; the ranks no longer train one model (check that "
+                              f"every node runs the same ddplab and torch version)")
+    return mine
+
+
+def setup_checks(cfg: TrainConfig, di: D.DistInfo) -> tuple[dict, Dataset | None]:
+    """Everything that can go wrong with this rank's input, as a status every rank will see, and the
+    opened data set (None on an error). Opening it hashes every shard: done once per start, here."""
+    ds = None
+    st = {"rank": di.rank, "host": D.hostname(), "addr": D.node_address(), "error": None,
+          "bf16_units": cpu_has_bf16() if cfg.device == "cpu" else None}
+    try:
+        st["dtype"], st["why"] = resolve_dtype(cfg)
+        ds = open_dataset(cfg.data)
+        st["digest"], st["files"] = ds.digest, ds.files
+        ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)  # world size vs row groups
+        out = Path(cfg.out)
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {out} exists and is not a folder; choose another path")
+        if di.rank == 0 and not cfg.resume and checkpoint.list_checkpoints(out):
+            raise UsageError(f"--out {out} already holds checkpoints of an earlier run; add --resume to "
+                             f"continue it, or choose a new --out")
+    except UsageError as e:
+        st["error"] = str(e)
+    return st, ds
+
+
+def agree(statuses: list[dict]) -> None:
+    failed = [s for s in statuses if s["error"]]
+    if failed:
+        if len(statuses) == 1:
+            raise UsageError(failed[0]["error"])
+        by_msg: dict[str, list[str]] = {}
+        for s in failed:
+            by_msg.setdefault(s["error"], []).append(f"rank {s['rank']} on {s['host']}")
+        raise UsageError("; ".join(f"{', '.join(who)}: {msg}" for msg, who in by_msg.items()))
+    ref = statuses[0]
+    diff = [s for s in statuses if s["digest"] != ref["digest"]]
+    if diff:
+        parts = []
+        for s in diff:
+            a, b = ref["files"], s["files"]
+            changed = sorted(f for f in set(a) & set(b) if a[f] != b[f])
+            only0, only_r = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+            what = "; ".join(x for x in (
+                f"differing files: {', '.join(changed[:5])}" if changed else "",
+                f"only on rank 0: {', '.join(only0[:5])}" if only0 else "",
+                f"only on rank {s['rank']}: {', '.join(only_r[:5])}" if only_r else "") if x)
+            parts.append(f"rank {s['rank']} on {s['host']} has data digest {s['digest'][:12]} "
+                         f"({len(b)} files), rank 0 on {ref['host']} has {ref['digest'][:12]} "
+                         f"({len(a)} files)"
+                         f"{': ' + what if what else ''}")
+        raise D.RanksDisagree("ranks would train on different data: " + " | ".join(parts) +
+                              "; fix: run the same `python -m trainer.data prepare` on every node or copy "
+                              "the master's shard folder")
