@@ -63,6 +63,7 @@ def lab(tmp_path_factory, simlan_cluster):
         shutil.copytree(REPO / tree, snapshot / tree, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     lab = {"cluster": cluster, "base": base, "runs": runs, "addr": {h.name: h.addr for h in cluster.hosts},
            "extra": {"ddplab_data_dir": shards, "ddplab_runs_dir": runs, "ddplab_master_port": PORT,
+                     "firewall_enable": "true",  # ufw on: the firewall faults below need it
                      "ddplab_repo_dir": snapshot},
            "inv3": _inventory(cluster, base / "inv3", ["node0", "node1", "node2"]),
            "shard": sorted(p.name for p in shards.glob("*.parquet"))}
@@ -188,13 +189,13 @@ def test_2_host_faults_are_named_and_prepare_repairs_the_shards(lab):
 def _deny_peers(lab, host: str) -> None:
     for peer, a in lab["addr"].items():
         if peer != host:
-            sh(lab, host, f"ufw delete allow from {a}")
+            sh(lab, host, f"ufw delete allow from {a} proto tcp comment ddplab")
 
 
 def _allow_peers(lab, host: str) -> None:
     for peer, a in lab["addr"].items():
         if peer != host:
-            sh(lab, host, f"ufw allow from {a} comment ddplab")
+            sh(lab, host, f"ufw allow from {a} proto tcp comment ddplab")
 
 
 def test_3_firewalls_and_a_dead_sshd_are_named(lab):
@@ -225,5 +226,5 @@ def test_3_firewalls_and_a_dead_sshd_are_named(lab):
             rules = sh(lab, host, "ufw show added")
             for peer, a in addr.items():
                 if peer != host and f"allow from {a} " not in rules:
-                    sh(lab, host, f"ufw allow from {a} comment ddplab")
+                    sh(lab, host, f"ufw allow from {a} proto tcp comment ddplab")
     assert_passes(lab, inv, ["node0", "node1", "node2"])
