@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 DATA   ?= data/shards
-STEPS  ?= 50
-DEPTH  ?= 2
-# make wheelhouse: the folder (ddplab_wheelhouse_dir), the nodes' Python versions, and an inventory to read them from.
+# make train STEPS=.. DEPTH=..: passed to the trainer only when given (its own defaults otherwise).
+STEPS  ?=
+DEPTH  ?=
+# make wheelhouse: the folder (ddplab_wheelhouse_dir), the nodes' Python versions, an inventory to read them from.
 WHEELHOUSE ?= wheelhouse
 PYTHONS ?= 3.11
 
@@ -39,14 +40,14 @@ wheelhouse: setup  ## The pinned CPU torch + deps, once, for the nodes' Pythons 
 	$(BIN)/python -m ddplab.wheelhouse fill --dir $(WHEELHOUSE) $(foreach p,$(PYTHONS),--python $(p)) $(if $(INV),-i $(INV))
 
 train: data  ## Single machine, 2 ranks, no Ansible
-	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --data $(DATA) --out runs/train-$$(date +%Y%m%d-%H%M%S) --steps $(STEPS) --depth $(DEPTH)
+	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --data $(DATA) --out runs/train-$$(date +%Y%m%d-%H%M%S) \
+	  $(if $(STEPS),--steps $(STEPS)) $(if $(DEPTH),--depth $(DEPTH))
 
 clean:  ## Remove generated data and runs (keeps .venv)
 	rm -rf data runs
 
 demo: data  ## Fresh machine: setup, default data, a 2-rank launch on this machine, its report
-	$(BIN)/ansible-playbook playbooks/launch.yml -e ddplab_wait=true -e ddplab_data_dir=$(abspath $(DATA)) \
-	  -e ddplab_trainer_steps=$(STEPS) -e ddplab_trainer_depth=$(DEPTH)
+	$(BIN)/ansible-playbook -i inventory/local playbooks/launch.yml -e ddplab_wait=true
 	@cat runs/$$(cat ~/ddplab/local0/last_run)/report.md
 
 follow:  ## Live view of every node's tmux pane (INV=inventory/simlan)

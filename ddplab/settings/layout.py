@@ -1,10 +1,11 @@
-"""Checks of the inventory's shape: the node groups, --limit, ranks and the addresses peers use.
+"""Checks of the inventory's shape: the node groups, ranks and the addresses peers use.
 
 The rules kept from roles/inventory_check: a ddplab_nodes group, exactly one master, ranks 0..N-1
 unique with the master at 0, addresses peers can reach (no loopback, no duplicates) unless every node
 is this machine (ansible_connection: local). Added (issue 12): a missing group is an error, addresses
-are IPv4 literals or names resolving to one IPv4 address here (no `any`, no CIDR), and a --limit that
-leaves out nodes of the run is refused.
+are IPv4 literals or names resolving to one IPv4 address here (no `any`, no CIDR). A --limit is fine
+here (prepare and preflight work on part of the lab); launch.yml and start.yml refuse one that leaves
+out nodes of the run in playbooks/require_every_node.yml.
 """
 
 from __future__ import annotations
@@ -35,15 +36,7 @@ def groups(inv: dict) -> list[Problem]:
                         "exactly one host (rank 0)",
                         f"put one host in {MASTER}, the others in {WORKERS}; {SEE}",
                         hosts=[])]
-    out = []
-    play = inv.get("play_hosts")
-    if play is not None:
-        left_out = [h for h in nodes if h not in play]
-        if left_out:
-            out.append(Problem("--limit", f"leaves out {', '.join(left_out)}",
-                               f"every host of {NODES} (a run needs all its nodes)",
-                               "drop --limit, or remove those hosts from the inventory", hosts=[]))
-    return out
+    return []
 
 
 def ranks(nodes: list[str], master: str, rank_of: dict) -> list[Problem]:

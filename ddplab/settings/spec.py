@@ -164,6 +164,9 @@ INTERNAL = frozenset({
     "ddplab_lab", "ddplab_run", "ddplab_run_dir", "ddplab_control_run_dir", "ddplab_master_host",
     "ddplab_master_addr", "ddplab_node_addr", "ddplab_world_size", "ddplab_all_local", "ddplab_home",
     "ddplab_last_run", "ddplab_run_id_mode", "ddplab_root_abs",
+    # roles/ddplab/tasks/facts.yml (facts and the task vars that build them) and the --limit plays
+    "ddplab_addrs", "ddplab_byo", "ddplab_master_home", "ddplab_master_lab", "ddplab_master_name",
+    "ddplab_master_root_abs", "ddplab_left_out", "ddplab_settings_checked",
 })
 
 

@@ -150,9 +150,9 @@ def test_no_manifest_check_with_own_data(code, tmp_path):
 # --- the trainer's own validation --------------------------------------------------------------------
 
 @pytest.mark.parametrize(("name", "value", "said"), [
-    ("ddplab_trainer_depth", 65, "--depth must be in 1..64, got 65"),
+    ("ddplab_trainer_depth", 65, "--depth must be in 1..64"),
     ("ddplab_pg_timeout", 2, "--pg-timeout-s must be at least 5 seconds"),
-    ("ddplab_trainer_extra_args", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("ddplab_trainer_extra_args", ["--bogus"], "trainer argument --bogus: unknown flag"),
     ("ddplab_trainer_extra_args", ["--batch-size", "0"], "--batch-size must be at least 1"),
     ("ddplab_trainer_extra_args", ["--comm", "zip"], "invalid choice"),
 ])

@@ -152,7 +152,7 @@ ROWS = {
     "manifest_dotdot": (_unsafe_manifest, None),
     "shard_changed": (_changed_shard, None),
     "missing_group": (_missing_group, None),
-    "limit_leaves_out_a_node": (["--limit", "local1"], "--limit (all): leaves out local0"),
+    "limit_leaves_out_a_node": (["--limit", "local1"], "ddplab: error: --limit leaves out local0"),
     "typos_in_group_and_host_vars": (_typos_in_files, None),
 }
 

@@ -1,0 +1,87 @@
+"""The README is a test: every command in its ```bash blocks runs here exactly as typed (no extra -e),
+on the inventory it names, from the repository root with the venv's tools first on PATH.
+
+`make test` is the one exception: it is what CI runs (.ci/run), so it cannot run inside itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+EXEMPT = {"make test": "the CI entry itself (.ci/run runs it)"}
+# Commands of the local blocks, in the order a reader runs them (data first: launch needs shards).
+LOCAL = [
+    "python -m trainer.data prepare --out data/shards",
+    ("torchrun --standalone --nproc_per_node=2 -m trainer --data data/shards --out runs/t --steps 20 "
+     "--depth 2"),
+    "python -m trainer --help",
+    "ansible-playbook -i inventory/local playbooks/launch.yml -e ddplab_wait=true",
+    "make demo",
+]
+SIMLAN = [
+    "python -m simlan up --nodes 2",
+    "ansible-playbook -i inventory/simlan playbooks/launch.yml -e ddplab_wait=true",
+    "ansible-playbook -i inventory/simlan playbooks/status.yml -l node1",
+    "python -m simlan down",
+]
+
+
+def readme_commands() -> list[str]:
+    """Each command line of the README's bash blocks, comments stripped."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            cmd = line.split("  #")[0].strip()
+            if cmd and not cmd.startswith("#"):
+                out.append(cmd)
+    return out
+
+
+def run(cmd: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+           "ANSIBLE_NOCOLOR": "1"}
+    return subprocess.run(["bash", "-c", cmd], cwd=REPO, env=env, text=True, capture_output=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_every_readme_command_is_run_by_a_test():
+    shown = readme_commands()
+    assert shown, "no ```bash block found in README.md"
+    assert set(shown) - set(LOCAL) - set(SIMLAN) - set(EXEMPT) == set()
+    for cmd in LOCAL + SIMLAN:
+        assert cmd in shown, f"{cmd!r} is no longer in README.md: update tests/test_readme.py"
+
+
+@pytest.mark.slow
+def test_local_readme_commands_run_as_typed():
+    shutil.rmtree(REPO / "runs" / "t", ignore_errors=True)
+    for cmd in LOCAL:
+        proc = run(cmd, timeout=900)
+        assert proc.returncode == 0, f"{cmd}\n{(proc.stdout + proc.stderr)[-3000:]}"
+        if "launch.yml" in cmd or cmd == "make demo":
+            assert "failed=0" in proc.stdout and "byte_equivalent: True" in (proc.stdout + run(
+                "cat runs/$(cat ~/ddplab/local0/last_run)/report.md", 30).stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.simlan
+def test_simlan_readme_commands_run_as_typed(skip_unless_simlan, simlan_cluster):
+    simlan_cluster.discard()  # the README's own `up` makes the cluster; its `down` removes it
+    assert (REPO / "data" / "shards" / "manifest.json").exists() or run(LOCAL[0], 300).returncode == 0
+    try:
+        for cmd in SIMLAN:
+            proc = run(cmd, timeout=900)
+            assert proc.returncode == 0, f"{cmd}\n{(proc.stdout + proc.stderr)[-3000:]}"
+            if "status.yml -l node1" in cmd:
+                assert "not asked (left out by --limit)" in proc.stdout and "unreachable=0" in proc.stdout
+    finally:
+        run("python -m simlan down", 120)
