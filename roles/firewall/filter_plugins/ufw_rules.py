@@ -34,7 +34,7 @@ def ufw_rules(lines):
                 i += 2
             elif word == "to" and nxt is not None:
                 i += 2
-            elif i == 0 and word not in ("from", "to"):  # simple form: `ufw limit 22/tcp`, `ufw allow OpenSSH`
+            elif i == 0:  # the simple form: `ufw limit 22/tcp`, `ufw allow OpenSSH`
                 port, _, proto = word.partition("/")
                 rule["port"], rule["proto"] = port, proto or rule["proto"]
                 i += 1
@@ -56,8 +56,10 @@ def ufw_stale(rules, peers, ssh_port):
     """ddplab's rules that are neither `allow from <peer> proto tcp` for a current peer nor an SSH rule
     (a node that left the inventory, the older all-protocol form)."""
     ssh = {id(r) for r in ufw_ssh_rules(rules, ssh_port)}
-    return [r for r in rules if id(r) not in ssh
-            and not (r["action"] == "allow" and r["src"] in peers and r["proto"] == "tcp" and r["port"] is None)]
+    def current_peer(r):
+        return r["action"] == "allow" and r["src"] in peers and r["proto"] == "tcp" and r["port"] is None
+
+    return [r for r in rules if id(r) not in ssh and not current_peer(r)]
 
 
 class FilterModule:
