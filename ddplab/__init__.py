@@ -1,1 +1,1 @@
-"""ddplab control-side tools: the merged run report and a live follow of every node's tmux pane."""
+"""ddplab: the control-side package (everything that runs on the control host); verbs in __main__.py."""

@@ -1,4 +1,10 @@
-"""python -m ddplab VERB: control-side tools next to the Ansible playbooks."""
+"""python -m ddplab VERB: the control-side tools next to the Ansible playbooks.
+
+report, follow, status (a run's outcome, live panes, which node failed first); validate, settings (check
+every setting before a node is touched; write the generated defaults and docs); preflight-verdict (judge
+the preflight's probes); code-tree (plan a code sync); interrupt-guard (stop a run when its waiting
+playbook is interrupted); check-requirements (refuse a requirements file that asks for another torch).
+"""
 
 import argparse
 import importlib
@@ -14,6 +20,10 @@ VERBS = {
     "status": "ddplab.status",
     "validate": "ddplab.settings",
     "settings": "ddplab.settings",
+    "preflight-verdict": "ddplab.preflight.verdict",
+    "code-tree": "ddplab.code_tree",
+    "interrupt-guard": "ddplab.interrupt_guard",
+    "check-requirements": "ddplab.check_requirements",
 }
 
 

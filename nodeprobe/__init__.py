@@ -1,12 +1,15 @@
-"""Node-side probes for ddplab's preflight.
+"""ddplab's node-side package: everything that runs on a node.
 
-Copied to every node beside ``trainer/`` and run there with the node's pinned python as
-``python -m nodeprobe <cmd>``. Each command prints ONE JSON object on stdout and exits 0 when the
-probe ran (the finding is in the JSON); a usage error exits 2 with one line on stderr.
+Synced to every node beside ``trainer/`` and run there as ``python -m nodeprobe <cmd>``: preflight's
+probes (fingerprint, gather, listen/connect, port-holder, lab-processes, resolve, iface, gloo-smoke and
+the spec-driven ``preflight-*`` steps), ``route`` (roles/gloo_network), ``run-status`` (roles/launch)
+and ``verify-shards`` (roles/dataset). Each command prints ONE JSON object on stdout and exits 0 when
+the probe ran (the finding is in the JSON); a usage error exits 2 with one line on stderr.
 
-Only ``fingerprint`` and ``gloo-smoke`` import torch; the network and process probes are stdlib
-only so they answer in milliseconds. ``nodeprobe.verdict`` and ``nodeprobe.hashing`` are stdlib only
-and run on the control host.
+Three modules also run alone, shipped by ``ansible.builtin.script`` where the synced code may not
+exist yet (stdlib only, no package imports): ``hashing.py`` (code_sync hashes the node's copy before
+copying), ``torch_candidates.py`` (torch_env, before any venv) and ``procs.py`` (stale_processes,
+also from stop.yml). Only ``fingerprint`` and ``gloo-smoke`` import torch; the rest is stdlib only.
 """
 
 PROBE_VERSION = 1

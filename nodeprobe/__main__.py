@@ -1,10 +1,11 @@
-"""``python -m nodeprobe <cmd>``: run one probe on this node and print one JSON object."""
+"""``python -m nodeprobe <cmd>``: run one probe or node-side step on this node and print one JSON object."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _positive(kind):
@@ -108,12 +109,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank 0: first stop the preflight's nodeprobe listener on the master port")
     g.add_argument("--warm", metavar="DIR",
                    help="hand the test to the warm child `gather` left in DIR (torch already imported)")
+
+    for verb, what in (("preflight-gather", "gather"), ("preflight-connect", "connect"),
+                       ("preflight-smoke", "gloo-smoke, or its clean-up when skipped")):
+        sub.add_parser(verb, help=f"the preflight role's {what}, from a JSON spec on stdin "
+                                  "(nodeprobe/preflight_node.py)")
+
+    r = sub.add_parser("route", help="interface, source address and hostname toward the master")
+    r.add_argument("--master", required=True, help="master address")
+
+    rs = sub.add_parser("run-status", help="state of one run on this node (roles/launch)")
+    rs.add_argument("--run-dir", required=True)
+    rs.add_argument("--socket", required=True, help="the lab's tmux socket")
+    rs.add_argument("--session", required=True, help="tmux target of the run's session (=RUN)")
+
+    vs = sub.add_parser("verify-shards", help="hash the shards a manifest names and compare (roles/dataset)")
+    vs.add_argument("--dir", required=True, help="the node's shard folder")
+    vs.add_argument("--manifest", default="-",
+                    help="the manifest to verify against ('-': read it on stdin, as the control host's)")
     return p
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.cmd.startswith("preflight-"):
+        from nodeprobe import preflight_node
+
+        try:
+            return preflight_node.run(args.cmd, sys.stdin.read())
+        except preflight_node.SpecError as e:
+            parser.error(str(e))
     if args.cmd == "gloo-smoke":
         if not 0 <= args.rank < args.world:
             parser.error(f"--rank {args.rank} is outside 0..{args.world - 1}")
@@ -148,6 +174,19 @@ def dispatch(args):
         from nodeprobe import gather
 
         return gather.run(args)
+    if args.cmd == "route":
+        from nodeprobe import route
+
+        return route.route(args.master)
+    if args.cmd == "run-status":
+        from nodeprobe import run_status
+
+        return run_status.run_status(args.run_dir, args.socket, args.session)
+    if args.cmd == "verify-shards":
+        from nodeprobe import hashing
+
+        text = sys.stdin.read() if args.manifest == "-" else Path(args.manifest).read_text()
+        return hashing.verify_shards(args.dir, json.loads(text))
     from nodeprobe import net, procs
 
     if args.cmd == "listen":

@@ -1,9 +1,8 @@
 """``fingerprint``: everything about one node that must match its peers or fit the run.
 
-Facts only; ``nodeprobe.verdict`` decides. Sections: python, torch, cpu (flags, physical cores vs
-threads), memory (available vs the model's estimated training memory), code (content hashes), dtype
-(resolved, and why), data (shard set vs the node's manifest).
-"""
+Facts only; the control host's verdict (``ddplab/preflight``) decides. Sections: python, torch, cpu
+(flags, physical cores vs threads), memory (available vs the model's estimated training memory), code
+(content hashes), dtype (resolved, and why), data (shard set vs the node's manifest). """
 
 from __future__ import annotations
 

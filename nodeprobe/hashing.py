@@ -1,9 +1,16 @@
-"""Content hashes shared by the node probes and the control-side verdict (stdlib only).
+"""Content hashes of ddplab: files, code trees, shard sets (stdlib only, no package imports).
 
-- ``tree_hash``: a code folder's version = sha256 over its sorted relative paths and file bytes,
-  ``__pycache__`` and ``*.pyc`` ignored, so two nodes with the same code agree whatever the mtimes.
-- ``shard_set``: the ``*.parquet`` files of a data folder with their sha256, the digest of that set
-  computed as the manifest's ``digest`` is (docs/contracts.md), and a comparison with a manifest.
+One module for every side: the control host plans a code sync with it (ddplab.code_tree), a node
+hashes its copy with it (shipped alone by roles/code_sync: ``python hashing.py tree-lines DIR``),
+preflight's fingerprint and verdict compare with it, the dataset role verifies shards with it.
+
+- ``sha256_file``: hex sha256 of one file.
+- Tree hash (ONE format): the lines ``"<sha256>  <relative path>"`` of every file under a folder,
+  sorted bytewise by path, minus ``EXCLUDE`` (bytecode, __pycache__, .git, .pytest_cache, the
+  code folder's own .ddplab-code* records); the hash is sha256 of those lines, each ending in
+  ``\\n`` (what ``sha256sum`` prints, so ``sha256sum`` can check it by hand).
+- Manifest digest (docs/contracts.md): sha256 of the sorted lines ``"<file> <sha256>\\n"``;
+  ``verify_shards`` checks a data folder against a manifest.
 """
 
 from __future__ import annotations
@@ -11,12 +18,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import sys
 from pathlib import Path
 
 CHUNK = 1 << 20
+# Never synced and never hashed: rebuilt on the node (bytecode), tool state, the sync's own records.
+EXCLUDE = re.compile(r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$|^\.ddplab-code")
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
@@ -24,32 +35,50 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def tree_hash(root: Path) -> dict:
-    """sha256 of a code folder: for each file in sorted relative-path order, path, NUL, bytes, NUL."""
+def excluded(rel: str) -> bool:
+    return bool(EXCLUDE.search(rel))
+
+
+def tree_files(root) -> list[str]:
+    """Relative paths of the files under ``root`` that the tree hash covers, sorted bytewise."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        dirnames[:] = [d for d in dirnames if not excluded(rel_dir + d + "/")]
+        out += [rel_dir + n for n in filenames
+                if not excluded(rel_dir + n) and os.path.isfile(os.path.join(dirpath, n))]
+    return sorted(out)  # code-point order of str == byte order of their UTF-8
+
+
+def tree_lines(root, rels=None, prefix: str = "") -> list[str]:
+    """``"<sha256>  <prefix><rel>"`` for each file (``rels``: these files of root, else all)."""
+    rels = tree_files(root) if rels is None else sorted(rels)
+    return [f"{sha256_file(os.path.join(root, rel))}  {prefix}{rel}" for rel in rels]
+
+
+def lines_digest(lines: list[str]) -> str:
+    """The tree hash of these sum lines (they must be sorted by path)."""
+    return hashlib.sha256("".join(ln + "\n" for ln in lines).encode()).hexdigest()
+
+
+def tree_hash(root) -> dict:
+    """``{"path", "files", "sha256"}`` of a code folder, or ``{"path", "error"}`` when it is none."""
     root = Path(root)
     if not root.is_dir():
         return {"path": str(root), "error": f"{root} is not a directory"}
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        for name in filenames:
-            if name.endswith((".pyc", ".pyo")):
-                continue
-            files.append(os.path.relpath(os.path.join(dirpath, name), root))
-    h = hashlib.sha256()
-    for rel in sorted(files):
-        h.update(rel.encode() + b"\0")
-        with open(root / rel, "rb") as f:
-            while block := f.read(CHUNK):
-                h.update(block)
-        h.update(b"\0")
-    return {"path": str(root), "files": len(files), "sha256": h.hexdigest()}
+    lines = tree_lines(root)
+    return {"path": str(root), "files": len(lines), "sha256": lines_digest(lines)}
 
 
 def set_digest(files: dict[str, str]) -> str:
-    """The manifest digest: sha256 of the sorted lines 'file sha256\\n'."""
-    lines = "".join(f"{name} {files[name]}\n" for name in sorted(files))
-    return hashlib.sha256(lines.encode()).hexdigest()
+    """The manifest digest of ``{file: sha256}``: sha256 of the sorted lines 'file sha256\\n'."""
+    return hashlib.sha256("".join(f"{name} {files[name]}\n" for name in sorted(files)).encode()).hexdigest()
+
+
+def manifest_digest(entries: list[dict]) -> str:
+    """The manifest digest of manifest.json's ``files`` list (``[{"file", "sha256", ...}]``)."""
+    return set_digest({str(e["file"]): str(e["sha256"]) for e in entries})
 
 
 def manifest_files(manifest: dict) -> dict[str, str]:
@@ -61,6 +90,8 @@ def manifest_files(manifest: dict) -> dict[str, str]:
     for e in entries:
         if not isinstance(e, dict) or "file" not in e or "sha256" not in e:
             raise ValueError(f"manifest entry without file/sha256: {e!r}")
+        if "/" in str(e["file"]) or str(e["file"]) in ("", ".", ".."):
+            raise ValueError(f"manifest entry {e['file']!r} is not a plain file name")
         out[str(e["file"])] = str(e["sha256"])
     return out
 
@@ -74,7 +105,7 @@ def compare(actual: dict[str, str], expected: dict[str, str]) -> dict:
     }
 
 
-def load_manifest(path: Path) -> tuple[dict | None, str | None]:
+def load_manifest(path) -> tuple[dict | None, str | None]:
     """(manifest, None) or (None, error text)."""
     try:
         manifest = json.loads(Path(path).read_text())
@@ -86,7 +117,27 @@ def load_manifest(path: Path) -> tuple[dict | None, str | None]:
     return manifest, None
 
 
-def shard_set(data_dir: Path) -> dict:
+def verify_shards(data_dir, manifest: dict) -> dict:
+    """Hash the shards ``manifest`` names in ``data_dir`` (other ``*.parquet`` are listed as extra).
+
+    ``ok`` is true when every named shard is there with its sha256 and no other shard is.
+    """
+    data_dir = Path(data_dir)
+    expected = manifest_files(manifest)
+    have = {}
+    for name in expected:
+        path = data_dir / name
+        if path.is_file():
+            have[name] = sha256_file(path)
+    extra = sorted(p.name for p in data_dir.glob("*.parquet") if p.name not in expected) \
+        if data_dir.is_dir() else []
+    diff = compare(have, expected)
+    diff["extra"] = extra
+    return {"dir": str(data_dir), "ok": not any(diff.values()), **diff,
+            "bad": diff["missing"] + diff["changed"], "files": have}
+
+
+def shard_set(data_dir) -> dict:
     """Hash every *.parquet in ``data_dir`` and compare with the folder's own manifest.json."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -108,3 +159,19 @@ def shard_set(data_dir: Path) -> dict:
         out["manifest_digest_ok"] = manifest.get("digest") == set_digest(expected)
         out["vs_manifest"] = compare(files, expected)
     return out
+
+
+def main(argv=None) -> int:
+    """``hashing.py tree-lines DIR``: the sum lines of DIR (nothing when DIR does not exist)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "tree-lines":
+        print("usage: hashing.py tree-lines DIR", file=sys.stderr)
+        return 2
+    if os.path.isdir(argv[1]):
+        for line in tree_lines(argv[1]):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,13 @@
-"""Process probes: ``port-holder`` and ``lab-processes`` (stdlib only, read from /proc).
+"""Processes of the lab on this node, read from /proc (stdlib only, no package imports).
+
+- ``port_holder`` and ``lab_processes``: preflight's probes (``python -m nodeprobe port-holder``,
+  ``lab-processes``), which report and never signal.
+- ``stale``: the stale_processes role's finder and killer. Shipped alone (``python procs.py --root
+  R [--port P] [--run-id RUN] [--kill --grace S]``) because stop.yml must also work on a node whose
+  synced code is gone. A process is the lab's when its environment has DDPLAB_ROOT=<root> (every
+  rank ddplab starts), or when its command line runs torchrun / torch.distributed.run / trainer
+  and names the lab folder (leftovers started by hand); with --port, whatever listens on it too.
+  Killing is by PID: SIGTERM, wait, then SIGKILL. Prints ``{"found", "killed", "survivors"}``.
 
 /proc/net/tcp{,6} lists the sockets of the reader's network namespace and /proc/<pid>/fd the
 processes of its PID namespace, which on a simulated host are exactly that host's.
@@ -6,8 +15,15 @@ processes of its PID namespace, which on a simulated host are exactly that host'
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import os
+import re
+import signal
 import socket
+import sys
+import time
 
 LISTEN = "0A"
 RANK_MARKERS = ("-m trainer", "trainer/__main__.py", "torchrun", "torch.distributed.run",
@@ -125,13 +141,14 @@ def _role(cmd: str) -> str:
     return "rank"
 
 
+def environ(pid: int) -> dict[str, str]:
+    raw = _read(f"/proc/{pid}/environ")
+    return dict(item.split("=", 1) for item in (raw or "").split("\0") if "=" in item)
+
+
 def _lab_env(pid: int) -> str | None:
     """DDPLAB_ROOT from the process's environment (every rank ddplab starts carries it)."""
-    raw = _read(f"/proc/{pid}/environ")
-    for item in (raw or "").split("\0"):
-        if item.startswith("DDPLAB_ROOT="):
-            return item[len("DDPLAB_ROOT="):]
-    return None
+    return environ(pid).get("DDPLAB_ROOT")
 
 
 def lab_processes(root: str, shared: bool = False) -> dict:
@@ -167,3 +184,94 @@ def lab_processes(root: str, shared: bool = False) -> dict:
                       "role": _role(cmd)})
     return {"probe": "lab-processes", "host": socket.gethostname(), "root": lab, "processes": found,
             "ranks": [p["pid"] for p in found if p["role"] in ("rank", "launcher")]}
+
+
+# ---------------------------------------------------------------- stale_processes: find and end
+RANK_CMD = re.compile(r"torchrun|torch\.distributed\.run|-m trainer\b|trainer/")
+
+
+def _info(pid: int, why: str) -> dict | None:
+    cmd = cmdline(pid)
+    if not cmd:
+        return None
+    env = environ(pid)
+    return {"pid": pid, "ppid": ppid(pid) or 0, "cmd": cmd.strip(), "root": env.get("DDPLAB_ROOT", ""),
+            "run": env.get("DDPLAB_RUN_ID", ""), "why": why}
+
+
+def run_processes(root: str, run_id: str = "") -> list[dict]:
+    """The lab's rank processes (of run ``run_id`` only, when given), with why each counts."""
+    root = os.path.abspath(root).rstrip("/")
+    me = {os.getpid(), os.getppid()}
+    found = []
+    for pid in pids():
+        if pid in me:
+            continue
+        info = _info(pid, "")
+        if info is None:
+            continue
+        if info["root"] == root:
+            why = "ddplab rank of this lab"
+        elif RANK_CMD.search(info["cmd"]) and (root + "/") in info["cmd"]:
+            why = "torchrun/trainer command in this lab folder"
+        else:
+            continue
+        if run_id and info["run"] != run_id:
+            continue
+        info["why"] = why + (" (orphan, PPID 1)" if info["ppid"] == 1 else "")
+        found.append(info)
+    return found
+
+
+def alive(pid: int) -> bool:
+    stat = _read(f"/proc/{pid}/stat")
+    return bool(stat) and stat[stat.rindex(")") + 2:].split()[0] != "Z"
+
+
+def kill_all(pids_: list[int], grace: float) -> list[int]:
+    """SIGTERM, up to ``grace`` seconds, then SIGKILL; the PIDs still alive after that."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids_:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline and any(alive(p) for p in pids_):
+            time.sleep(0.1)
+        pids_ = [p for p in pids_ if alive(p)]
+        if not pids_:
+            break
+    return pids_
+
+
+def stale(root: str, port: int | None = None, run_id: str = "", kill: bool = False,
+          grace: float = 5) -> dict:
+    found = run_processes(root, run_id)
+    if port:
+        seen = {p["pid"] for p in found}
+        for h in port_holder(port)["holders"]:
+            if h["pid"] not in seen and (info := _info(h["pid"], f"listening on master port {port}")):
+                found.append(info)
+    result = {"found": found, "killed": [], "survivors": []}
+    if kill and found:
+        result["survivors"] = kill_all([p["pid"] for p in found], grace)
+        result["killed"] = [p for p in found if p["pid"] not in result["survivors"]]
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="procs.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--root", required=True, help="the lab folder")
+    ap.add_argument("--port", default="", help="also whatever listens on this TCP port ('' = none)")
+    ap.add_argument("--run-id", default="", help="only this run's processes ('' = any run)")
+    ap.add_argument("--grace", type=float, default=5, help="seconds between SIGTERM and SIGKILL")
+    ap.add_argument("--kill", action="store_true")
+    args = ap.parse_args(argv)
+    if args.port and not args.port.isdigit():
+        ap.error(f"--port {args.port!r}: expected a port number or ''")
+    print(json.dumps(stale(args.root, int(args.port) if args.port else None, args.run_id, args.kill,
+                           args.grace)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

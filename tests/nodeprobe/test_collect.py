@@ -32,10 +32,9 @@ def _verdict(bundle: dict, tmp_path: Path, *args: str) -> subprocess.CompletedPr
         [
             sys.executable,
             "-m",
-            "nodeprobe.verdict",
-            "--bundle",
-            "-",
-            "--in",
+            "ddplab",
+            "preflight-verdict",
+            "--dump",
             str(tmp_path / "in"),
             "--code",
             str(REPO / "nodeprobe"),
@@ -204,11 +203,11 @@ def test_bad_bundle_is_one_line_and_keeps_a_foreign_folder(tmp_path):
     (foreign / "keep.txt").write_text("mine")
     v = _verdict({"inventory": {"hosts": {"a": {}}}}, tmp_path)
     assert (
-        v.returncode == 2 and v.stderr.startswith("ddplab: error: --bundle -") and "Traceback" not in v.stderr
+        v.returncode == 2 and v.stderr.startswith("ddplab: error: --dump") and "Traceback" not in v.stderr
     )
     assert (foreign / "keep.txt").read_text() == "mine"
     bad = subprocess.run(
-        [sys.executable, "-m", "nodeprobe.verdict", "--bundle", "-", "--in", str(tmp_path / "x")],
+        [sys.executable, "-m", "ddplab", "preflight-verdict", "--dump", str(tmp_path / "x")],
         input="{not json",
         text=True,
         capture_output=True,

@@ -78,7 +78,7 @@ def test_fingerprint_names_changed_extra_missing_shards(shards, tmp_path):
 
     # the code hash: the copy hashes like the original; one changed byte changes it
     assert fp["code"]["code"]["sha256"] == hashing.tree_hash(REPO / "nodeprobe")["sha256"]
-    (code / "verdict.py").write_text((code / "verdict.py").read_text() + "\n")
+    (code / "gather.py").write_text((code / "gather.py").read_text() + "\n")
     assert hashing.tree_hash(code)["sha256"] != fp["code"]["code"]["sha256"]
 
 

@@ -106,8 +106,8 @@ def test_local_two_rank_preflight_passes_end_to_end(tmp_path):
         (inp / src / "tcp_peers.json").write_text(json.dumps(
             probe("connect", "--target", f"{dst}=127.0.0.1:{listener['port']}")))
     out = tmp_path / "latest.json"
-    v = subprocess.run([sys.executable, "-m", "nodeprobe.verdict", "--in", str(inp), "--out", str(out),
-                        "--code", str(REPO / "nodeprobe")],
+    v = subprocess.run([sys.executable, "-m", "ddplab", "preflight-verdict", "--in", str(inp), "--out",
+                        str(out), "--code", str(REPO / "nodeprobe")],
                        capture_output=True, text=True, timeout=30, cwd=REPO)
     verdict = json.loads(out.read_text())
     assert v.returncode == 0, v.stdout + v.stderr

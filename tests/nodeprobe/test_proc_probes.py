@@ -81,3 +81,50 @@ def test_lab_processes_finds_orphans_of_this_lab_only(tmp_path):
         unrelated.wait(timeout=5)
     time.sleep(0.2)
     assert orphan not in {p["pid"] for p in probe("lab-processes", "--root", str(lab))["processes"]}
+
+
+def _procs_alone(tmp_path, *args: str) -> dict:
+    """nodeprobe/procs.py shipped alone, as roles/stale_processes runs it (stop.yml may find no code)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    alone = tmp_path / "shipped" / "procs.py"
+    alone.parent.mkdir(exist_ok=True)
+    shutil.copy(Path(__file__).resolve().parents[2] / "nodeprobe" / "procs.py", alone)
+    out = subprocess.run([sys.executable, str(alone), *args], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_stale_finds_and_kills_only_this_runs_ranks(tmp_path):
+    root = tmp_path / "lab"
+    root.mkdir()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    env = {**os.environ, "DDPLAB_ROOT": str(root)}
+    mine = subprocess.Popen(sleeper, env={**env, "DDPLAB_RUN_ID": "run-a"})
+    other_run = subprocess.Popen(sleeper, env={**env, "DDPLAB_RUN_ID": "run-b"})
+    other_lab = subprocess.Popen(sleeper, env={**os.environ, "DDPLAB_ROOT": str(tmp_path / "elsewhere")})
+    try:
+        time.sleep(0.3)  # let the children exec (their environ is read from /proc)
+        found = _procs_alone(tmp_path, "--root", str(root))["found"]
+        assert {p["pid"] for p in found} == {mine.pid, other_run.pid}
+        assert all(p["why"].startswith("ddplab rank of this lab") for p in found)
+        r = _procs_alone(tmp_path, "--root", str(root), "--run-id", "run-a", "--kill", "--grace", "5")
+        assert [p["pid"] for p in r["killed"]] == [mine.pid] and r["survivors"] == []
+        assert mine.wait(timeout=10) is not None and other_run.poll() is None and other_lab.poll() is None
+    finally:
+        for p in (mine, other_run, other_lab):
+            p.kill()
+            p.wait(timeout=5)
+
+
+def test_stale_with_a_port_names_its_listener(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        found = _procs_alone(tmp_path, "--root", str(tmp_path / "lab"), "--port", str(port))["found"]
+    assert [p["pid"] for p in found] == [os.getpid()]
+    assert found[0]["why"] == f"listening on master port {port}"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from nodeprobe import verdict as V
+from ddplab.preflight import verdict as V
 from tests.helpers.probes import REPO
 
 pytestmark = [pytest.mark.simlan, pytest.mark.slow]

@@ -14,8 +14,10 @@ import sys
 
 import pytest
 
+from ddplab import code_tree
+from ddplab.preflight import verdict as V
+from ddplab.preflight.judge import CHECKS
 from nodeprobe import hashing
-from nodeprobe import verdict as V
 from tests.helpers.probes import REPO, probe
 
 PORT = 29500
@@ -105,7 +107,7 @@ def fix_of(result: dict, host: str, check: str) -> str:
 def test_healthy_cluster_passes(real, tmp_path, capsys, n):
     rc, res, _ = run_verdict(tmp_path, cluster(real, n), "--code", str(REPO / "nodeprobe"))
     assert rc == 0 and res["ok"] and not res["failures"], res["failures"]
-    assert set(res["hosts"]) == {f"node{i}" for i in range(n)} and res["checks"] == list(V.CHECKS)
+    assert set(res["hosts"]) == {f"node{i}" for i in range(n)} and res["checks"] == list(CHECKS)
     assert res["hosts"]["node1"]["master_port"]["status"] == "n/a"
     assert res["bandwidth"]["busbw_gbit_s"] == 6.7
     out = capsys.readouterr().out
@@ -280,8 +282,8 @@ def test_missing_probe_means_incomplete_not_ok(real, tmp_path, capsys):
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "in").mkdir()
     out = tmp_path / "latest.json"
-    r = subprocess.run([sys.executable, "-m", "nodeprobe.verdict", "--in", str(tmp_path / "in"), "--out",
-                        str(out)], capture_output=True, text=True, timeout=30, cwd=REPO)
+    r = subprocess.run([sys.executable, "-m", "ddplab", "preflight-verdict", "--in", str(tmp_path / "in"),
+                        "--out", str(out)], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert r.returncode == 2 and not out.exists()
     assert r.stderr.startswith("ddplab: error: ") and "inventory.json is missing" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -306,7 +308,8 @@ def test_a_bad_code_ref_is_one_line(tmp_path, capsys):
 
 
 def test_code_tree_hashes_what_it_would_sync_as_the_node_hashes_its_copy(tmp_path):
-    """roles/code_sync/files/code_tree.py's tree_sha256 == nodeprobe's tree_hash of the synced copy."""
+    """ddplab code-tree's per-folder hash == nodeprobe's tree_hash of the synced copy, and its total hash
+    == the tree hash of the node's whole code folder (the one format of nodeprobe.hashing)."""
     import shutil
 
     src = tmp_path / "src"
@@ -316,19 +319,26 @@ def test_code_tree_hashes_what_it_would_sync_as_the_node_hashes_its_copy(tmp_pat
     (src / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0junk")
     (src / "out.log").write_text("ignored\n")
     (src / ".gitignore").write_text("*.log\n")
-    tree = REPO / "roles" / "code_sync" / "files" / "code_tree.py"
-    spec = json.dumps([{"src": str(src), "dest": "user", "mode": "gitignore"}])
-    exclude = r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$"  # ddplab_code_exclude_regex
-    r = subprocess.run([sys.executable, str(tree), spec, exclude], capture_output=True, text=True, timeout=60,
-                       check=True)
+    spec = json.dumps([{"src": str(src), "dest": "user", "mode": "gitignore"},
+                       {"src": str(REPO / "nodeprobe"), "dest": "nodeprobe", "mode": "all"}])
+    r = subprocess.run([sys.executable, "-m", "ddplab", "code-tree", spec], capture_output=True, text=True,
+                       timeout=60, check=True, cwd=REPO)
     plan = json.loads(r.stdout)
-    copy_dir = tmp_path / "node" / "user"
+    node = tmp_path / "node"
     for entry in plan["files"]:
-        dest = tmp_path / "node" / entry["dest"]
+        dest = node / entry["dest"]
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(entry["src"], dest)
-    assert sorted(e["dest"] for e in plan["files"]) == ["user/.gitignore", "user/pkg/m.py", "user/train.py"]
-    assert plan["trees"][0]["tree_sha256"] == hashing.tree_hash(copy_dir)["sha256"]
+    (node / ".ddplab-code-hash").write_text("a record of the sync, not code\n")
+    user = [e["dest"] for e in plan["files"] if e["dest"].startswith("user/")]
+    assert user == ["user/.gitignore", "user/pkg/m.py", "user/train.py"]
+    trees = {t["dest"]: t for t in plan["trees"]}
+    assert trees["user"]["hash"] == hashing.tree_hash(node / "user")["sha256"]
+    assert trees["nodeprobe"]["hash"] == hashing.tree_hash(REPO / "nodeprobe")["sha256"]
+    assert plan["hash"] == hashing.tree_hash(node)["sha256"]
+    assert plan["lines"] == hashing.tree_lines(node)
+    assert code_tree.plan([{"src": str(src), "dest": "user", "mode": "gitignore"}])["trees"][0]["hash"] \
+        == trees["user"]["hash"]
 
 
 def test_no_shards_asked_for_is_not_applicable_and_passes(real, tmp_path):

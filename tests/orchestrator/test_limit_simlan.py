@@ -124,3 +124,11 @@ def test_prepare_limit_brings_a_wiped_node_back(finished, lab):
     assert run.returncode == 0, tail(run)
     summary = json.loads((lab["ddplab_runs_dir"] / "lim-b" / "summary.json").read_text())
     assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
+
+
+@pytest.mark.parametrize("chosen,other", [("node1", "node0"), ("node0", "node1")])
+def test_preflight_limit_checks_the_chosen_node_and_says_what_it_left_out(finished, lab, chosen, other):
+    proc = playbook("preflight.yml", "-l", chosen, inventory=finished.inventory_dir, extra=lab)
+    assert proc.returncode == 0, tail(proc)
+    assert f"not asked (--limit): {other}; links toward them" in proc.stdout, tail(proc)
+    assert "preflight: ok" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr

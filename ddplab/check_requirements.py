@@ -1,6 +1,7 @@
-"""Refuse a requirements file that asks for a torch other than the lab's pin (run on the control host).
+"""``python -m ddplab check-requirements``: refuse a requirements file that asks for another torch
+than the lab's pin (run on the control host).
 
-Usage: check_requirements.py REQUIREMENTS_FILE TORCH_VERSION. Reads the file (and the files it includes
+Usage: check-requirements REQUIREMENTS_FILE TORCH_VERSION. Reads the file (and the files it includes
 with -r / -c, relative to it). A line naming torch is refused when it is a URL or path requirement, or when
 its version specifier does not allow TORCH_VERSION. Exit 0: fine; 2: one `ddplab: error:` line per problem,
 naming the file and the line. Nothing is installed. Other packages that need another torch are caught by
@@ -68,15 +69,15 @@ def problems(path, pin, seen):
     return out
 
 
-def main():
-    if len(sys.argv) != 3:
-        print("usage: check_requirements.py REQUIREMENTS_FILE TORCH_VERSION", file=sys.stderr)
-        return 2
-    found = problems(sys.argv[1], sys.argv[2], set())
+def add_parser(sub):
+    p = sub.add_parser("check-requirements", help="refuse a requirements file that asks for another torch")
+    p.add_argument("requirements", help="the requirements file (ddplab_pip_requirements)")
+    p.add_argument("torch_version", help="the lab's torch pin (ddplab_torch_version)")
+    p.set_defaults(func=cmd_check_requirements)
+
+
+def cmd_check_requirements(args):
+    found = problems(args.requirements, args.torch_version, set())
     for p in found:
         print(f"ddplab: error: {p}", file=sys.stderr)
     return 2 if found else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

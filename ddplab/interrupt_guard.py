@@ -1,7 +1,8 @@
-"""Stop a run when the ansible-playbook that waits for it is interrupted (Ctrl-C, SIGTERM, closed terminal).
+"""``python -m ddplab interrupt-guard``: stop a run when the ansible-playbook that waits for it is
+interrupted (Ctrl-C, SIGTERM, closed terminal).
 
 Ansible turns SIGINT into KeyboardInterrupt and exits at once: no rescue/always section runs. So
-before a launch waits, this script (run on the control host) finds the ansible-playbook process it
+before a launch waits, this verb (run on the control host) finds the ansible-playbook process it
 runs under (its topmost ancestor whose command line names ansible-playbook), and leaves a detached
 guard process (its own session, so the terminal's Ctrl-C does not reach it) that polls that PID.
 When the waiting play ends normally it runs `disarm` (SIGTERM to the guard). When ansible-playbook
@@ -9,19 +10,15 @@ disappears while armed, the guard re-runs ansible-playbook's own command line (s
 inventory and -e settings) with the launch playbook replaced by stop.yml and `-e ddplab_run_id=RUN`,
 so every rank on every node ends. Its output goes to LOG and to the terminal ansible-playbook wrote to.
 
-    interrupt_guard.py arm --run-id RUN --playbook-dir DIR --log FILE   # prints {"guard_pid": ...}
-    interrupt_guard.py disarm --pid GUARD_PID
-
-Standard library only.
+    python -m ddplab interrupt-guard arm --run-id RUN --playbook-dir DIR --log FILE  # {"guard_pid": ...}
+    python -m ddplab interrupt-guard disarm --pid GUARD_PID
 """
 
-import argparse
 import contextlib
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 LAUNCH_PLAYBOOKS = ("launch.yml", "start.yml")
@@ -157,24 +154,24 @@ def arm(args):
     os._exit(guard(watch, argv, cwd, env, args.log, args.run_id, term_fd))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("arm")
+def add_parser(sub):
+    p = sub.add_parser("interrupt-guard",
+                       help="stop the run when the waiting ansible-playbook is interrupted")
+    verbs = p.add_subparsers(dest="guard_cmd", required=True)
+    a = verbs.add_parser("arm", help="leave a detached guard watching ansible-playbook; prints its PID")
     a.add_argument("--run-id", required=True)
     a.add_argument("--playbook-dir", required=True)
     a.add_argument("--log", required=True)
-    d = sub.add_parser("disarm")
+    d = verbs.add_parser("disarm", help="end the guard (the wait ended by itself)")
     d.add_argument("--pid", type=int, required=True)
-    args = ap.parse_args()
-    if args.cmd == "arm":
+    p.set_defaults(func=cmd_interrupt_guard)
+
+
+def cmd_interrupt_guard(args):
+    if args.guard_cmd == "arm":
         return arm(args)
-    if args.pid > 0 and "interrupt_guard" in " ".join(argv_of(args.pid)):
+    if args.pid > 0 and "interrupt-guard" in argv_of(args.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(args.pid, signal.SIGTERM)
         print(json.dumps({"disarmed": args.pid}))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,19 +1,20 @@
-"""Read-only state of one ddplab run on this node, as one JSON line.
+"""``python -m nodeprobe run-status --run-dir D --socket S --session =RUN``: read-only state of one
+ddplab run on this node, as one JSON object (for roles/launch status and wait).
 
-Usage: run_status.py RUN_DIR SOCKET SESSION. state is one of: not-started (no run folder), running,
-exited (with code), lost (no exit code and no live tmux pane: the rank was killed with its session),
-stopped (stop.yml marked the run and the rank did not finish with code 0).
-Also: code_time (mtime of exit_code), log_time (of launch.log), metrics_time (of the newest metrics
-line's file), now (this node's clock, to compare), last_lines (the log's last lines), error (the last
-`ddplab: error:` line) and lost_peer (that line says this rank lost a peer: it is a victim, not the
-cause). Standard library only.
+state is one of: not-started (no run folder), running, exited (with code), lost (no exit code and no live
+tmux pane: the rank was killed with its session), stopped (stop.yml marked the run and the rank did not
+finish with code 0). Also: code_time (mtime of exit_code), log_time (of launch.log), metrics_time (of the
+newest metrics line's file), now (this node's clock, to compare), last_lines (the log's last lines),
+error (the last `ddplab: error:` line) and lost_peer (that line says this rank lost a peer: it is a
+victim, not the cause).
 """
+
+from __future__ import annotations
 
 import glob
 import json
 import os
 import subprocess
-import sys
 import time
 
 
@@ -50,14 +51,12 @@ def last_line(path, want_json=False):
     return None
 
 
-def main():
-    run_dir, socket, session = sys.argv[1:4]
+def run_status(run_dir: str, socket: str, session: str) -> dict:
     res = {"state": "not-started", "code": None, "step": None, "loss": None, "tokens_per_sec": None,
            "last_line": "", "pane": None, "code_time": None, "log_time": None, "metrics_time": None,
            "now": time.time(), "last_lines": [], "error": None, "lost_peer": False}
     if not os.path.isdir(run_dir):
-        print(json.dumps(res))
-        return
+        return res
     out = subprocess.run(
         ["tmux", "-S", socket, "list-panes", "-t", session, "-F", "#{pane_dead} #{pane_pid}"],
         capture_output=True, text=True, check=False,
@@ -91,8 +90,4 @@ def main():
         res["error"] = errors[-1][errors[-1].index("ddplab: error:"):]
         res["lost_peer"] = "lost peer" in res["error"] or "lost a peer" in res["error"] or \
             "lost contact with the other ranks" in res["error"]
-    print(json.dumps(res))
-
-
-if __name__ == "__main__":
-    main()
+    return res

@@ -1,13 +1,15 @@
-"""Read-only: the interface and source address this node uses toward the master, as one JSON line.
+"""``python -m nodeprobe route --master ADDR``: the interface and source address this node uses toward
+the master, and what its hostname resolves to, as one JSON object (for roles/gloo_network).
 
-Usage: route_probe.py MASTER_ADDR. Uses `ip -j` and getent only; standard library only.
+Read-only; uses `ip -j` and getent only.
 """
+
+from __future__ import annotations
 
 import ipaddress
 import json
 import socket
 import subprocess
-import sys
 
 
 def ip_json(*args):
@@ -17,8 +19,7 @@ def ip_json(*args):
     return json.loads(out.stdout or "[]"), ""
 
 
-def main():
-    master = sys.argv[1]
+def route(master: str) -> dict:
     res = {"master": master, "iface": "", "src": "", "prefixlen": None, "ipv4": False,
            "same_subnet": False, "hostname": socket.gethostname(), "hostname_addrs": [],
            "hostname_loopback": False, "error": ""}
@@ -26,14 +27,12 @@ def main():
         addr = ipaddress.ip_address(master)
     except ValueError:
         res["error"] = f"master address {master!r} is not an IP address"
-        print(json.dumps(res))
-        return
+        return res
     res["ipv4"] = addr.version == 4
     routes, err = ip_json("route", "get", master)
     if not routes:
         res["error"] = f"no route to {master}: {err}"
-        print(json.dumps(res))
-        return
+        return res
     route = routes[0]
     iface, src = route.get("dev", ""), route.get("prefsrc", "")
     if route.get("type") == "local" and not addr.is_loopback:
@@ -53,8 +52,4 @@ def main():
     addrs = sorted({line.split()[0] for line in out.stdout.splitlines() if line.strip()})
     res["hostname_addrs"] = addrs
     res["hostname_loopback"] = any(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
-    print(json.dumps(res))
-
-
-if __name__ == "__main__":
-    main()
+    return res

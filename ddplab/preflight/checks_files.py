@@ -1,0 +1,75 @@
+"""Checks of the node's copies against the control host: code trees and shards (nodeprobe.hashing)."""
+
+from __future__ import annotations
+
+from ddplab.preflight.judge import NA, OK, SKIP, Judge
+from nodeprobe import hashing
+
+
+def code(j: Judge, h: str) -> None:
+    fp = j.need(h, "code", "fingerprint")
+    if not fp:
+        return
+    code = fp.get("code") or {}
+    if not code:
+        j.set(h, "code", SKIP, "fingerprint ran without --code")
+        return
+    bad, shown = [], []
+    for name, info in sorted(code.items()):
+        if info.get("error"):
+            bad.append(f"{name}: {info['error']}")
+            continue
+        ref = (j.control_code.get(name) or {}).get("sha256")
+        ref_from = "the control host"
+        if ref is None:
+            ref_h, ref = j.reference(lambda f, n=name: f["code"][n]["sha256"])
+            ref_from = ref_h
+        if ref and ref_from != h and info["sha256"] != ref:
+            bad.append(f"{name}/ differs from {ref_from} ({info['sha256'][:12]} vs {ref[:12]})")
+        shown.append(f"{name} {info['sha256'][:12]}")
+    if bad:
+        names = ", ".join(sorted({b.split('/')[0].split(':')[0] for b in bad}))
+        j.fail(h, "code", "; ".join(bad), f"re-run playbooks/prepare.yml to sync {names}/ to {h}")
+    else:
+        j.set(h, "code", OK, ", ".join(shown))
+
+
+def data(j: Judge, h: str) -> None:
+    fp = j.need(h, "data", "fingerprint")
+    if not fp:
+        return
+    data = fp.get("data")
+    fix_all = "re-run playbooks/prepare.yml (dataset)"
+    if not data:
+        if j.manifest is None:  # no shards asked for (your own code with ddplab_data_dir "")
+            j.set(h, "data", NA, "no shards (ddplab_data_dir is empty)")
+        else:
+            j.set(h, "data", SKIP, "fingerprint ran without --data")
+        return
+    if data.get("error"):
+        j.fail(h, "data", data["error"], fix_all)
+        return
+    if j.manifest is not None:
+        expected, ref_name = hashing.manifest_files(j.manifest), "the control host's manifest"
+    else:
+        ref_h, expected = j.reference(lambda f: (f.get("data") or {}).get("files"))
+        ref_name = ref_h
+        if ref_h == h or expected is None:
+            j.set(h, "data", OK, f"{data['count']} shards, digest {data['digest'][:12]} "
+                                    "(no control manifest to compare with)")
+            return
+    diff = hashing.compare(data["files"], expected)
+    parts = [f"{k}: {', '.join(v)}" for k, v in diff.items() if v]
+    if parts:
+        files = diff["missing"] + diff["changed"]
+        fix = fix_all + (f" to resync {', '.join(files)}" if files else "")
+        if diff["extra"]:
+            fix += f"{' and' if files else ' to'} remove {', '.join(diff['extra'])}"
+        j.fail(h, "data", f"shards on {h} differ from {ref_name}: " + "; ".join(parts), fix)
+        return
+    node_digest = data.get("manifest_digest")
+    if j.manifest is not None and node_digest not in (None, j.manifest.get("digest")):
+        j.fail(h, "data", f"{h}'s manifest.json is not the control host's (digest "
+                             f"{str(node_digest)[:12]})", fix_all + " to resync manifest.json")
+        return
+    j.set(h, "data", OK, f"{data['count']} shards, digest {data['digest'][:12]} matches {ref_name}")

@@ -1,0 +1,109 @@
+"""Checks of one node's fingerprint against the run and the other nodes: python, torch and gloo,
+dtype, threads, memory."""
+
+from __future__ import annotations
+
+from ddplab.preflight.judge import OK, Judge, gib
+
+
+def python(j: Judge, h: str) -> None:
+    fp = j.need(h, "python", "fingerprint")
+    if not fp:
+        return
+    mine = fp["python"]
+    ref_h, ref = j.reference(lambda f: f["python"])
+    if ref_h and ref_h != h and ref["major_minor"] != mine["major_minor"]:
+        j.fail(h, "python", f"python {mine['version']} on {h} vs {ref['version']} on {ref_h}",
+                  f"re-run playbooks/prepare.yml (torch environment) so {h} runs python "
+                  f"{ref['major_minor']}")
+    else:
+        note = f" (micro differs from {ref_h}: {ref['version']})" if ref and ref["version"] != mine[
+            "version"] else ""
+        j.set(h, "python", OK, f"{mine['version']} {mine['executable']}{note}")
+
+
+def torch(j: Judge, h: str) -> None:
+    fp = j.need(h, "torch", "fingerprint")
+    if not fp:
+        return
+    t = fp["torch"]
+    want = j.inv.get("torch_version")
+    ref_h, ref = j.reference(lambda f: f["torch"] if f["torch"].get("importable") else None)
+    pin = want or (ref["version"].split("+")[0] if ref else "<version>")
+    fix = f"pip install torch=={pin}  # on {h}, or re-run playbooks/prepare.yml (torch environment)"
+    if not t.get("importable"):
+        j.fail(h, "torch", f"torch does not import on {h}: {t.get('error')}", fix)
+        j.fail(h, "gloo", "torch does not import", fix)
+        return
+    base = t["version"].split("+")[0]
+    build = f"{t['version']} ({(t.get('git_version') or '?')[:10]})"
+    if want and base != str(want):
+        j.fail(h, "torch", f"torch {t['version']} on {h}, the run pins {want}", fix)
+    elif ref_h and ref_h != h and t["version"] != ref["version"]:
+        j.fail(h, "torch", f"torch {t['version']} on {h} vs {ref['version']} on {ref_h}", fix)
+    elif ref_h and ref_h != h and t.get("git_version") != ref.get("git_version"):
+        j.fail(h, "torch", f"same version, different build on {h}: {t.get('git_version')} vs "
+                              f"{ref.get('git_version')} on {ref_h}", fix)
+    else:
+        j.set(h, "torch", OK, build)
+    if not t.get("gloo_available"):
+        j.fail(h, "gloo", f"torch {t['version']} on {h} has no gloo backend",
+                  f"pip install torch=={pin}  # the CPU wheel includes gloo")
+    elif "gloo" not in j.rows[h]:
+        j.set(h, "gloo", OK, "gloo available")
+
+
+def dtype(j: Judge, h: str) -> None:
+    fp = j.need(h, "dtype", "fingerprint")
+    if not fp:
+        return
+    d = fp["dtype"]
+    ref_h, ref = j.reference(lambda f: f["dtype"]["resolved"])
+    if d.get("problem"):
+        j.fail(h, "dtype", f"{d['problem']} ({d['reason']})", "use --dtype fp32")
+    elif ref_h and ref_h != h and d["resolved"] != ref:
+        j.fail(h, "dtype", f"{h} resolves {d['resolved']} ({d['reason']}), {ref_h} resolves {ref}",
+                  "use --dtype fp32 on every node")
+    else:
+        j.set(h, "dtype", OK, f"{d['resolved']}: {d['reason']}")
+
+
+def threads(j: Judge, h: str) -> None:
+    fp = j.need(h, "threads", "fingerprint")
+    if not fp:
+        return
+    cpu = fp["cpu"]
+    phys = cpu.get("physical_cores")
+    share = j.sharing(h)
+    threads = [cpu.get("threads") or j.setting(x, "threads") for x in share]
+    if not all(threads):
+        j.set(h, "threads", OK, f"threads not set (trainer default); {phys} physical cores, "
+                                   f"{cpu.get('logical')} logical")
+        return
+    total = sum(int(t) for t in threads)
+    where = f"{len(share)} ranks on this machine x {threads[0]}" if len(share) > 1 else f"{total}"
+    if phys and total > phys:
+        per = max(1, phys // len(share))
+        j.fail(h, "threads", f"threads {where} > {phys} physical cores ({cpu.get('logical')} logical)",
+                  f"set ddplab_threads <= {per} (physical cores{' / ranks' if len(share) > 1 else ''})")
+    else:
+        j.set(h, "threads", OK, f"threads {where} <= {phys} physical cores")
+
+
+def memory(j: Judge, h: str) -> None:
+    fp = j.need(h, "memory", "fingerprint")
+    if not fp:
+        return
+    m = fp["memory"]
+    need = m.get("estimate_bytes") or 0
+    n = len(j.sharing(h))
+    total = need * n
+    avail = m.get("available_bytes")
+    what = f"~{gib(total)} estimated ({m.get('estimate_method')}{f', x{n} ranks' if n > 1 else ''})"
+    if avail is None:
+        j.set(h, "memory", OK, f"{what}; available memory unknown")
+    elif total > avail:
+        j.fail(h, "memory", f"{what} > {gib(avail)} available on {h}",
+                  f"free memory on {h} or train a smaller model (lower --depth / --batch-size)")
+    else:
+        j.set(h, "memory", OK, f"{what} <= {gib(avail)} available")

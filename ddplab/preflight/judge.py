@@ -1,0 +1,125 @@
+"""The verdict's state: the inputs, the table of cells, and the helpers every check group uses.
+
+A cell is ``{"status": ok | FAIL | skip | n/a, "detail": ..., "fix": <the command that fixes it>}``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from ddplab.preflight.collect import Inputs
+
+CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "memory", "code", "data",
+          "iface", "hostname", "tcp_master", "tcp_peers", "master_port", "stale_processes", "gloo_smoke")
+OK, FAIL, SKIP, NA = "ok", "FAIL", "skip", "n/a"
+# Probe errors that mean the node was never prepared (no code or no Python there).
+NOT_PREPARED = ("No module named 'nodeprobe'", "No module named nodeprobe", "not prepared")
+GIB = 1 << 30
+
+
+def loopback(addr: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(str(addr)).is_loopback
+    except ValueError:
+        return str(addr) == "localhost"
+
+
+def gib(n) -> str:
+    return f"{n / GIB:.2f} GiB" if isinstance(n, (int, float)) else "?"
+
+
+class Judge:
+    def __init__(self, inputs: Inputs, manifest: dict | None, control_code: dict | None):
+        self.inv = inputs.inventory
+        self.hosts = {str(h): (v if isinstance(v, dict) else {}) for h, v in self.inv["hosts"].items()}
+        # Nodes outside --limit: known from the inventory (rank, address), never probed.
+        self.left_out = [str(h) for h in self.inv.get("left_out") or [] if str(h) in self.hosts]
+        for h in self.left_out:
+            self.hosts[h] = {"rank": (self.inv.get("ranks") or {}).get(h),
+                             "addr": (self.inv.get("addrs") or {}).get(h),
+                             "master": h == self.inv.get("master_host"), **self.hosts[h]}
+        self.port = self.inv.get("master_port", 29500)
+        self.manifest = manifest
+        self.control_code = control_code or {}
+        masters = self.masters()
+        self.master = masters[0] if len(masters) == 1 else None
+        self.all_local = all(v.get("local") for v in self.hosts.values())
+        self.rows: dict[str, dict[str, dict]] = {h: {} for h in self.hosts}
+        self.probes = inputs.probes
+        self.probe_errors = inputs.errors
+
+    def masters(self) -> list[str]:
+        flagged = [h for h, v in self.hosts.items() if v.get("master")]
+        if flagged:
+            return flagged
+        return [h for h, v in self.hosts.items() if v.get("rank") == 0]
+
+    def addr(self, host: str) -> str:
+        v = self.hosts.get(host, {})
+        return str(v.get("addr") or v.get("ansible_host") or host)
+
+    def setting(self, host: str, key: str):
+        v = self.hosts.get(host, {})
+        return v.get(key) if v.get(key) is not None else self.inv.get(key)
+
+    def probe(self, host: str, name: str) -> dict | None:
+        return self.probes.get(host, {}).get(name)
+
+    def set(self, host: str, check: str, status: str, detail: str = "", fix: str = "") -> None:
+        self.rows[host][check] = {"status": status, "detail": detail, "fix": fix}
+
+    def fail(self, host: str, check: str, detail: str, fix: str = "") -> None:
+        # several findings for one cell are joined, the first fix first
+        cell = self.rows[host].get(check)
+        if cell and cell["status"] == FAIL:
+            cell["detail"] += "; " + detail
+            if fix and fix not in cell["fix"]:
+                cell["fix"] = (cell["fix"] + "; " + fix).strip("; ")
+            return
+        self.set(host, check, FAIL, detail, fix)
+
+    def failed_anywhere(self, check: str) -> bool:
+        return any(self.rows[x].get(check, {}).get("status") == FAIL for x in self.hosts)
+
+    def reachable(self, host: str) -> bool:
+        ssh = self.probe(host, "ssh")
+        return not (ssh and ssh.get("ok") is False)
+
+    def need(self, host: str, check: str, name: str) -> dict | None:
+        """The probe's JSON, or None after marking the cell skip/FAIL."""
+        data = self.probe(host, name)
+        if (host, name) in self.probe_errors:
+            self.fail(host, check, self.probe_errors[(host, name)],
+                      f"run `python -m nodeprobe {name.replace('_', '-')}` on {host} to see its error")
+            return None
+        if data is None:
+            self.set(host, check, SKIP, f"no {name}.json: probe not run")
+            return None
+        if data.get("ok") is False and data.get("error") and name not in ("gloo_smoke", "ssh"):
+            fix = f"run `python -m nodeprobe {name.replace('_', '-')}` on {host}"
+            if any(w in data["error"] for w in NOT_PREPARED):
+                fix = f"re-run playbooks/prepare.yml (the node-side code or Python is missing on {host})"
+            self.fail(host, check, f"probe {name} failed on {host}: {data['error']}", fix)
+            return None
+        return data
+
+    def fp(self, host: str) -> dict | None:
+        return self.probe(host, "fingerprint")
+
+    def reference(self, getter):
+        """(host, value) of the master's fingerprint value, else the first host that has one."""
+        order = ([self.master] if self.master else []) + [h for h in self.hosts if h != self.master]
+        for h in order:
+            fp = self.fp(h)
+            if fp:
+                try:
+                    value = getter(fp)
+                except (KeyError, TypeError):
+                    continue
+                if value is not None:
+                    return h, value
+        return None, None
+
+    def sharing(self, h: str) -> list[str]:
+        """Hosts running on the same machine as h (inventory 'local' hosts share this machine)."""
+        return [x for x in self.hosts if self.hosts[x].get("local")] if self.hosts[h].get("local") else [h]

@@ -1,0 +1,52 @@
+"""run-status (roles/launch), route (roles/gloo_network) and torch_candidates (roles/torch_env) on this
+machine, as the roles call them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.probes import REPO, probe
+
+
+def test_run_status_of_a_missing_and_an_exited_run(tmp_path):
+    gone = probe("run-status", "--run-dir", str(tmp_path / "nope"), "--socket", str(tmp_path / "sock"),
+                 "--session", "=nope")
+    assert gone["state"] == "not-started" and gone["code"] is None
+    run = tmp_path / "run"
+    (run / "out").mkdir(parents=True)
+    (run / "launch.log").write_text("ddplab: run r1 on node0\nstep 1\nddplab: error: rank 1 lost a peer\n")
+    (run / "out" / "metrics.rank0.jsonl").write_text(json.dumps({"step": 3, "loss": 2.5}) + "\n")
+    (run / "exit_code").write_text("1\n")
+    r = probe("run-status", "--run-dir", str(run), "--socket", str(tmp_path / "sock"), "--session", "=r1")
+    assert r["state"] == "exited" and r["code"] == 1 and r["step"] == 3 and r["loss"] == 2.5
+    assert r["error"] == "ddplab: error: rank 1 lost a peer" and r["lost_peer"] is True
+    (run / "exit_code").unlink()
+    assert probe("run-status", "--run-dir", str(run), "--socket", str(tmp_path / "sock"),
+                 "--session", "=r1")["state"] == "lost"  # no exit code and no tmux pane
+
+
+def test_route_toward_loopback_and_a_bad_address():
+    r = probe("route", "--master", "127.0.0.1")
+    assert r["error"] == "" and r["ipv4"] is True and r["iface"] == "lo" and r["src"] == "127.0.0.1"
+    bad = probe("route", "--master", "not-an-ip")
+    assert "is not an IP address" in bad["error"]
+
+
+@pytest.mark.slow  # imports torch in a child interpreter
+def test_torch_candidates_shipped_alone(tmp_path):
+    import torch
+
+    alone = tmp_path / "torch_candidates.py"
+    shutil.copy(REPO / "nodeprobe" / "torch_candidates.py", alone)
+    out = subprocess.run([sys.executable, str(alone), sys.executable, "no-such-python3.99"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": ""})
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)["candidates"]
+    assert found == [{"python": sys.executable, "torch": torch.__version__.split("+")[0]},
+                     {"python": "no-such-python3.99", "torch": None}]
