@@ -10,7 +10,7 @@ DEPTH  ?=
 WHEELHOUSE ?= wheelhouse
 PYTHONS ?= 3.11
 
-.PHONY: help setup lint test test-fast data wheelhouse train demo follow bench bench-trainer bench-preflight clean
+.PHONY: help setup lint test test-fast data wheelhouse train demo follow bench bench-hetero bench-trainer bench-preflight clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ follow:  ## Live view of every node's tmux pane (INV=inventory/simlan)
 
 bench: data  ## Scaling lab on 2 simulated hosts at 1 Gbit/s (root, ~40 min): runs/bench-<id>/report.md
 	$(BIN)/python bench/scaling_lab.py --nodes 2 --rate 1gbit
+
+bench-hetero: setup  ## Balanced vs uniform DDP, node1 at half a core (root, ~6 min; HETERO_ARGS=--priority on a busy machine)
+	$(BIN)/python bench/hetero.py $(HETERO_ARGS)
 
 bench-trainer: setup  ## 1 vs 2 ranks on this machine against a textbook DDP loop
 	$(BIN)/python bench/trainer_scaling.py

@@ -14,7 +14,10 @@ from ddplab.errors import DdplabError
 
 COLUMNS = [("host", "host"), ("rank", "rank"), ("exit", "exit"), ("steps", "steps"),
            ("final loss", "final_loss"), ("tokens/s", "tokens_per_sec"), ("step ms p50", "step_ms_p50"),
-           ("all-reduce ms p50", "allreduce_ms_p50"), ("comm/compute", "comm_compute_ratio")]
+           ("all-reduce ms p50", "allreduce_ms_p50"), ("comm/compute", "comm_compute_ratio"),
+           # share: sequences of the global batch per step (moves with --balance); wait: the exposed
+           # all-reduce, where a rank waits for slower peers
+           ("share p50", "share_p50"), ("compute ms p50", "compute_ms_p50"), ("wait ms p50", "wait_ms_p50")]
 
 
 def _read_json(path):
@@ -111,6 +114,9 @@ def _row(r):
         "step_ms_p50": _median(x.get("dt_ms") for x in rows),
         "allreduce_ms_p50": summ.get("allreduce_ms_p50", _median(x.get("allreduce_ms") for x in rows)),
         "comm_compute_ratio": summ.get("comm_compute_ratio"),
+        "share_p50": _median(x.get("share") for x in rows),
+        "compute_ms_p50": summ.get("compute_ms_p50", _median(x.get("compute_ms") for x in rows)),
+        "wait_ms_p50": summ.get("wait_ms_p50", _median(x.get("wait_ms", x.get("exposed_ms")) for x in rows)),
     }
 
 
@@ -135,6 +141,12 @@ def markdown(run_dir, table, merged):
         lines.append(f"- logs collected from: {', '.join(merged['collected'])}"
                      + (f" (not collected: {', '.join(missing)}; playbooks/collect_logs.yml -l HOST adds one)"
                         if missing else ""))
+    balance = merged.get("balance")
+    if balance:
+        changes = balance.get("changes") or []
+        last = f", last at step {changes[-1]['step']}" if changes else ""
+        lines.append(f"- balance: shares {balance['shares']} of {balance['global_seqs']} sequences per step "
+                     f"({len(changes)} changes{last})")
     lines += ["", "| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(row[k]) for _, k in COLUMNS) + " |" for row in table]
     code = merged.get("code") or {}

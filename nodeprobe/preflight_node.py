@@ -29,15 +29,16 @@ def flag(value) -> bool:
     return value is True or str(value).strip().lower() in ("true", "yes", "1")
 
 
-def last_json(text) -> dict:
+def last_json(text) -> dict | None:
+    """The last line of ``text`` that is a JSON object (probes print exactly one), or None."""
     for line in reversed(str(text or "").splitlines()):
         try:
-            value = json.loads(line)
+            value = json.loads(line.strip())
         except ValueError:
             continue
         if isinstance(value, dict):
             return value
-    return {}
+    return None
 
 
 def is_master(spec: dict) -> bool:
@@ -76,7 +77,7 @@ def connect_targets(spec: dict) -> list[str]:
     for host in up:
         if host == spec["host"]:
             continue
-        listen = (last_json(peers.get(host)).get("results") or {}).get("listen") or {}
+        listen = ((last_json(peers.get(host)) or {}).get("results") or {}).get("listen") or {}
         if listen.get("ok") and listen.get("port"):
             targets.append(f"{host}={addrs.get(host, host)}:{int(listen['port'])}")
     if not is_master(spec) and spec["master"] in up:
@@ -87,7 +88,7 @@ def connect_targets(spec: dict) -> list[str]:
 def smoke_plan(spec: dict) -> dict:
     """``{"run": argv}`` for the gloo smoke test, or ``{"skip": reason, "stop_warm": dir or None,
     "quit_master_listener": bool}``: what a skipped test still has to clean up after ``gather``."""
-    results = last_json(spec.get("gather"))
+    results = last_json(spec.get("gather")) or {}
     warm = ((results.get("warm") or {}).get("dir")) or None
     probes = results.get("results") or {}
     gate = spec.get("gate") or {}

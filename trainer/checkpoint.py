@@ -23,7 +23,8 @@ from trainer.config import TrainConfig, UsageError
 
 _NAME = re.compile(r"^step_(\d{6,})\.pt$")
 # settings that must match between a checkpoint and the run that resumes it
-_RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps")
+_RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps", "balance")
+_OLD_DEFAULTS = {"balance": False}  # settings added later: what a checkpoint written before them meant
 
 
 def ckpt_dir(out: str | Path) -> Path:
@@ -101,7 +102,7 @@ def load_for_resume(cfg: TrainConfig, data_digest: str, world_size: int):
             payload = {"none": True}
         else:
             old = state["config"]
-            bad = [k for k in _RESUME_MUST_MATCH if old.get(k) != getattr(cfg, k)]
+            bad = [k for k in _RESUME_MUST_MATCH if old.get(k, _OLD_DEFAULTS.get(k)) != getattr(cfg, k)]
             if bad:
                 payload = {"error": f"checkpoint {path} was written with " + ", ".join(
                     f"--{k.replace('_', '-')} {old.get(k)}" for k in bad) + "; this run asks for " +

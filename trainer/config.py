@@ -68,6 +68,9 @@ class TrainConfig:
     pg_timeout_s: float = 45.0
     straggler_every: int = 20
     straggler_ratio: float = 2.0
+    balance: bool = False
+    balance_every: int = 10
+    balance_damping: float = 0.5
     # filled in by __post_init__ when left at 0 (derived from depth)
     _derived: list = field(default_factory=list, repr=False)
 
@@ -118,6 +121,9 @@ class TrainConfig:
              f"--auto-trial-steps must be at least 1, got {self.auto_trial_steps}")
         need(self.straggler_every >= 0, "--straggler-every must be >= 0 (0: no straggler check)")
         need(self.straggler_ratio > 1, f"--straggler-ratio must be above 1, got {self.straggler_ratio}")
+        need(self.balance_every >= 1, f"--balance-every must be at least 1, got {self.balance_every}")
+        need(0 < self.balance_damping <= 1,
+             f"--balance-damping must be in (0, 1], got {self.balance_damping}")
         need(self.pg_timeout_s >= 5, f"--pg-timeout-s must be at least 5 seconds, got {self.pg_timeout_s}")
         need(all(c.isalnum() or c in "-_." for c in self.run_id),
              f"--run-id may only contain letters, digits, '-', '_' and '.', got {self.run_id!r}")
@@ -178,6 +184,11 @@ FIELD_HELP = {
     "straggler_every": "every N steps the ranks compare their compute time; a slow rank gets a warning "
                        "(0: off)",
     "straggler_ratio": "warn when a rank's compute time is this many times the others' median",
+    "balance": "give each rank a share of the global batch (world x batch-size x grad-accum sequences) "
+               "that follows its measured speed, so a slower node does not hold every step back",
+    "balance_every": "--balance: re-estimate the shares every N steps",
+    "balance_damping": "--balance: move the shares this fraction of the way toward the measured split (1: "
+                       "all the way; lower: steadier)",
 }
 
 CHOICES = {"dtype": DTYPE_CHOICES, "comm": COMM_CHOICES, "device": DEVICE_CHOICES}

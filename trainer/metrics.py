@@ -9,6 +9,7 @@ Definitions (per optimizer step, on each rank):
   essentially done) until the last bucket finished.
 - compute_ms: dt_ms - exposed_ms.
 - tokens_per_sec: tokens of all ranks in this step / dt.
+- wait_ms (= exposed_ms) and share (sequences of the global batch this rank trained on; --balance moves it).
 Warm-up steps (--timing-warmup-steps) are left out of the run's tokens/s and percentiles.
 """
 
@@ -126,6 +127,8 @@ def summarize_steps(records: list[dict], warmup: int) -> dict:
         "allreduce_ms_p50": percentile(ar, 50),
         "allreduce_ms_p95": percentile(ar, 95),
         "exposed_ms_p50": percentile([r["exposed_ms"] for r in timed], 50),
+        # the exposed all-reduce is where a rank waits for slower peers (its own transfer time included)
+        "wait_ms_p50": percentile([r["exposed_ms"] for r in timed], 50),
         "allreduce_bytes_per_step": timed[-1]["allreduce_bytes"] if timed else 0,
         "comm_compute_ratio": (sum(ar) / sum(comp)) if timed and sum(comp) > 0 else None,
     }

@@ -7,7 +7,9 @@
 - `StragglerWatch`: every `every` steps the ranks all-gather the median of their own compute time
   (step time minus the exposed all-reduce wait, so waiting for a slow peer does not count); a rank
   whose median is `ratio` times the median of the others gets one warning line (and one line when it
-  recovers).
+  recovers). With --balance the compute times compared are per sequence, scaled to a uniform share (a
+  balanced slow rank computes as long as the others, but is still slow), and the line says which share
+  balancing gave it; without --balance it says that --balance would.
 """
 
 from __future__ import annotations
@@ -82,24 +84,37 @@ def stragglers(medians: list[float], ratio: float) -> dict[int, float]:
 class StragglerWatch:
     """Collective every `every` steps (all ranks call `after_step` with the same step numbers)."""
 
-    def __init__(self, every: int, ratio: float, world_size: int, hosts: list[str], log=D.print0):
+    def __init__(self, every: int, ratio: float, world_size: int, hosts: list[str], log=D.print0,
+                 shares=None):
         self.every, self.ratio, self.world_size, self.hosts, self.log = every, ratio, world_size, hosts, log
+        self.shares = shares  # trainer.balance.ShareController with --balance, else None
         self.slow: dict[int, float] = {}
         self.warnings: list[str] = []
 
     def after_step(self, done: int, records: list[dict]) -> None:
         if self.every <= 0 or self.world_size < 2 or done % self.every or not records:
             return
-        window = [r["compute_ms"] for r in records[-self.every:]]
+        uniform = self.shares.G / self.world_size if self.shares else None
+        window = [r["compute_ms"] * (uniform / r["share"] if uniform else 1) for r in records[-self.every:]]
         medians = D.all_gather_object(statistics.median(window))
         slow = stragglers(medians, self.ratio)
         for r in sorted(slow.keys() - self.slow.keys()):
             base = statistics.median([m for i, m in enumerate(medians) if i != r])
+            per = " at a uniform share" if uniform else ""
             line = (f"ddplab: warning: straggler: rank {r} on {self.hosts[r]} computes {medians[r]:.0f} "
-                    f"ms/step, {slow[r]:.1f}x the others' {base:.0f} ms (steps {done - len(window) + 1}-"
-                    f"{done}); every rank waits for it (check that node's load, thermals, power saving)")
+                    f"ms/step{per}, {slow[r]:.1f}x the others' {base:.0f} ms (steps {done - len(window) + 1}-"
+                    f"{done}); {self.what_balancing_does(r)}")
             self.warnings.append(line)
             self.log(line)
         for r in sorted(self.slow.keys() - slow.keys()):
             self.log(f"ddplab: rank {r} on {self.hosts[r]} is no longer a straggler (step {done})")
         self.slow = slow
+
+    def what_balancing_does(self, r: int) -> str:
+        if self.shares is None:
+            return ("every rank waits for it (check that node's load, thermals, power saving; --balance, "
+                    "ddplab_balance: true, gives it a smaller share of the batch)")
+        s = self.shares
+        return (f"--balance gives it {s.shares[r]} of {s.G} sequences per step (uniform: "
+                f"{s.G / self.world_size:g}; shares {s.shares}, re-estimated every {s.every} steps), so the "
+                f"others wait less for it")

@@ -12,7 +12,8 @@ from trainer.metrics import summarize_steps
 TIMING_KEYS = ("tokens_per_sec", "allreduce_ms_p50", "allreduce_ms_p95", "step_ms_p50", "compute_ms_p50",
                "exposed_ms_p50", "allreduce_bytes_per_step", "comm_compute_ratio")
 # each rank's headline numbers, listed in the run summary
-RANK_KEYS = ("rank", "host", "tokens_per_sec", "step_ms_p50", "loss_last")
+RANK_KEYS = ("rank", "host", "tokens_per_sec", "step_ms_p50", "loss_last", "compute_ms_p50", "wait_ms_p50",
+             "share_last")
 
 
 def rank_summary(*, rank: int, host: str, records: list[dict], timing_skip: int, loss_first: float | None,
@@ -22,7 +23,9 @@ def rank_summary(*, rank: int, host: str, records: list[dict], timing_skip: int,
     return {"rank": rank, "host": host, "steps_run": len(records), "loss_first": loss_first,
             "loss_last": records[-1]["loss"] if records else None,
             "final_param_sha256": final_param_sha256, "row_groups_read": sorted(row_groups_read),
-            "data_position": data_position} | timing
+            "data_position": data_position,
+            # share: sequences of the global batch this rank trained on (changes with --balance)
+            "share_last": records[-1].get("share") if records else None} | timing
 
 
 def run_summary(per_rank: list[dict], facts: dict) -> dict:

@@ -20,9 +20,11 @@ import torch
 from trainer import checkpoint
 from trainer import dist as D
 from trainer.agreement import agree, check_params_agree, setup_checks
+from trainer.balance import ShareController, micro_sizes
 from trainer.comm import GradComm
 from trainer.config import TrainConfig, UsageError, parse_config
 from trainer.data.loader import ShardLoader
+from trainer.data.shared_stream import SharedStreamLoader
 from trainer.data.tokenizer import VOCAB_SIZE
 from trainer.device import autocast_context, banner, setup_threads
 from trainer.metrics import CommTimer, JsonlWriter, progress_line
@@ -41,6 +43,41 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     span = max(1, cfg.steps - cfg.lr_warmup_steps)
     progress = min(1.0, (step - cfg.lr_warmup_steps) / span)
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def micro_batches(cfg: TrainConfig, loader, shares: ShareController, rank: int, world: int) -> list:
+    """This rank's micro-batches of one step as (x, y, scale, part): backward() runs on scale(mean loss),
+    part(scaled loss) is its contribution to this rank's mean loss.
+
+    Uniform: grad_accum micro-batches of --batch-size, loss / grad_accum (as always). --balance: the
+    rank's share in micro-batches of at most --batch-size; the mean loss of n sequences is scaled by
+    n * world / G, so after DDP divides by the world size the gradient is the mean over every token of
+    the global batch: the update one process makes on the union batch.
+    """
+    if not cfg.balance:
+        k = cfg.grad_accum
+        return [(*loader.next_batch(), lambda loss: loss / k, lambda v: v) for _ in range(k)]
+    x, y = loader.next_batch(shares.shares)
+    mine, out, start = shares.shares[rank], [], 0
+    for n in micro_sizes(mine, cfg.batch_size):
+        w = n * world / shares.G
+        out.append((x[start:start + n], y[start:start + n], lambda loss, w=w: loss * w,
+                    lambda v, w=w, n=n: v / w * n / mine))
+        start += n
+    return out
+
+
+def rebalance(shares: ShareController, records: list[dict], done: int) -> None:
+    """Every rank all-gathers its compute ms per sequence over the last window; all move the shares.
+    The first step of a process (allocations, first-touch) is left out; the same on every rank."""
+    window = records[max(1, len(records) - shares.every):]
+    if not window:
+        return
+    costs = D.all_gather_object(ShareController.window_cost(window))
+    before = list(shares.shares)
+    if shares.update(costs, done):
+        D.print0(f"ddplab: balance: step {done}: shares {before} -> {shares.shares} sequences of "
+                 f"{shares.G} (compute ms per sequence: {', '.join(f'{c:.1f}' for c in costs)})")
 
 
 def write_json(path: Path, obj) -> None:
@@ -75,13 +112,22 @@ def run(cfg: TrainConfig) -> int:
     decay = [p for p in raw.parameters() if p.dim() >= 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}], lr=cfg.lr,
                             betas=(0.9, 0.95), eps=1e-8)
-    loader = ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)
+    shares = ShareController(cfg.batch_size * cfg.grad_accum * di.world_size, di.world_size,
+                             cfg.balance_every, cfg.balance_damping)
+    loader = (SharedStreamLoader(ds, di.rank, cfg.seq_len) if cfg.balance
+              else ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len))
     start_step, loss_first = 0, None
     resumed = checkpoint.load_for_resume(cfg, ds.digest, di.world_size) if cfg.resume else None
     if resumed is not None:
         raw.load_state_dict(resumed["model"])
         opt.load_state_dict(resumed["optim"])
-        loader.load_state_dict(resumed["data"][di.rank])
+        try:
+            loader.load_state_dict(resumed["data"][di.rank])
+            if cfg.balance:
+                shares.load_state_dict(resumed["balance"])
+        except (ValueError, KeyError) as e:
+            raise UsageError(f"checkpoint {resumed['path']}: {e}; resume with the settings it was "
+                             f"written with") from None
         torch.set_rng_state(resumed["rng"][di.rank])
         start_step, loss_first = resumed["step"], resumed.get("loss_first")
     elif cfg.resume:
@@ -114,7 +160,8 @@ def run(cfg: TrainConfig) -> int:
                           keep_steps_upto=start_step if resumed is not None else None)
     tokens_per_step = cfg.tokens_per_rank_step * di.world_size
     records: list[dict] = []
-    stragglers = StragglerWatch(cfg.straggler_every, cfg.straggler_ratio, di.world_size, hosts)
+    stragglers = StragglerWatch(cfg.straggler_every, cfg.straggler_ratio, di.world_size, hosts,
+                                shares=shares if cfg.balance else None)
     final_sha = check_params_agree(raw, start_step, hosts)
     model.train()
     for step in range(start_step, cfg.steps):
@@ -127,14 +174,15 @@ def run(cfg: TrainConfig) -> int:
         pos = loader.state_dict()
         rg = loader.row_group
         loss_sum = 0.0
-        for micro in range(cfg.grad_accum):
-            x, y = loader.next_batch()
+        mine = shares.shares[di.rank] if cfg.balance else cfg.batch_size * cfg.grad_accum
+        micros = micro_batches(cfg, loader, shares, di.rank, di.world_size)
+        for micro, (x, y, scale, part) in enumerate(micros):
             x, y = x.to(device), y.to(device)
-            with D.no_sync(model, skip=micro < cfg.grad_accum - 1):
+            with D.no_sync(model, skip=micro < len(micros) - 1):
                 with autocast_context(cfg.device, dtype):
-                    loss = model(x, y) / cfg.grad_accum
+                    loss = scale(model(x, y))
                 loss.backward()
-            loss_sum += loss.item()
+            loss_sum += part(loss.item())  # this rank's mean loss
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip)
         opt.step()
@@ -145,7 +193,8 @@ def run(cfg: TrainConfig) -> int:
                "tokens": tokens_per_step, "tokens_per_sec": tokens_per_step / dt,
                "compute_ms": dt * 1e3 - c["exposed_ms"], "allreduce_ms": c["allreduce_ms"],
                "exposed_ms": c["exposed_ms"], "allreduce_bytes": c["allreduce_bytes"],
-               "buckets": c["buckets"], "comm": option, "epoch": pos["epoch"], "row_group": rg}
+               "buckets": c["buckets"], "comm": option, "epoch": pos["epoch"], "row_group": rg,
+               "share": mine, "wait_ms": c["exposed_ms"]}
         if not math.isfinite(loss_sum):
             raise RuntimeError(f"loss is {loss_sum} at step {step + 1}; lower --lr")
         loss_first = loss_sum if loss_first is None else loss_first
@@ -154,6 +203,8 @@ def run(cfg: TrainConfig) -> int:
         comm.after_step(step, rec)
         stragglers.after_step(step + 1, records)
         done = step + 1
+        if cfg.balance and shares.due(done):
+            rebalance(shares, records, done)
         if D.is_main_process() and (done % cfg.log_every == 0 or done == cfg.steps):
             recent = records[-10:]
             eta = (cfg.steps - done) * sum(r["dt_ms"] for r in recent) / len(recent) / 1e3
@@ -166,7 +217,8 @@ def run(cfg: TrainConfig) -> int:
             if D.is_main_process():
                 checkpoint.save(out, done, {
                     "step": done, "model": raw.state_dict(), "optim": opt.state_dict(), "data": positions,
-                    "rng": rngs, "config": cfg.to_dict(), "run_id": run_id, "world_size": di.world_size,
+                    "rng": rngs, "balance": shares.state_dict(), "config": cfg.to_dict(), "run_id": run_id,
+                    "world_size": di.world_size,
                     "data_digest": ds.digest, "loss_first": loss_first}, keep=cfg.ckpt_keep)
     metrics.close()
 
@@ -184,7 +236,8 @@ def run(cfg: TrainConfig) -> int:
                  "dtype_why": why, "threads": threads, "hosts": hosts, "data_digest": ds.digest,
                  **comm.summary(), "bucket_cap_mb": cfg.bucket_cap_mb,
                  "flops_per_token": flops_per_token(gcfg), "mfu": None,  # no known peak FLOP/s for a CPU
-                 "est_memory_bytes_per_rank": mem}
+                 "est_memory_bytes_per_rank": mem,
+                 "balance": shares.state_dict() if cfg.balance else None}
         write_json(out / "summary.json", run_summary(per_rank, facts))
     D.barrier()
     D.print0("ddplab: done")

@@ -26,6 +26,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodeprobe.preflight_node import last_json
+
 MASTER_TARGET = "@master"
 FROM_GATHER = ("fingerprint", "resolve", "iface", "lab_processes", "port_holder")
 
@@ -40,20 +42,6 @@ class Inputs:
     probes: dict[str, dict[str, dict]] = field(default_factory=dict)  # host -> probe name -> JSON
     errors: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, probe) -> unreadable
     control_code: dict = field(default_factory=dict)  # the dump folder's control.json "code"
-
-
-def last_json(text: str | None) -> dict | None:
-    """The last line of ``text`` that is a JSON object (probes print exactly one)."""
-    for line in reversed((text or "").splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
 
 
 def failure(res: dict) -> str:

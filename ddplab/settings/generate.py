@@ -54,7 +54,9 @@ def defaults_yml() -> str:
 
 
 def argument_specs_yml() -> str:
-    lines = ["---", *comment(STAMP), "argument_specs:", "  main:",
+    # Under the `facts` entry point (the role has no main tasks): Ansible checks the types once per command,
+    # when plays include tasks_from facts, not at the start of every play.
+    lines = ["---", *comment(STAMP), "argument_specs:", "  facts:",
              "    short_description: Run-wide ddplab settings (checked in full by python -m ddplab "
              "validate).",
              "    options:"]

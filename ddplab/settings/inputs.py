@@ -114,14 +114,6 @@ def env(v: dict, host: str) -> list[Problem]:
     return out
 
 
-def regexes(v: dict) -> list[Problem]:
-    try:
-        re.compile(v["ddplab_code_exclude_regex"])
-    except re.error as e:
-        return [_p("ddplab_code_exclude_regex", f"{json.dumps(v['ddplab_code_exclude_regex'])}: {e}",
-                   "a Python regular expression", "fix the expression (or leave the setting unset)")]
-    return []
-
 
 def shards(v: dict) -> list[Problem]:
     """The control host's shard folder and its manifest.json: present, JSON, safe names, matching files."""

@@ -96,6 +96,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_trainer_extra_args", "list", [],
             "Built-in trainer: more flags, as a list (python -m trainer --help).",
             example=["--batch-size", "8"]),
+    Setting("ddplab_balance", "bool", False,
+            "Built-in trainer: --balance, each rank's share of the global batch follows its measured speed "
+            "(nodes of unequal speed finish each step together; the update equals the uniform one)."),
     Setting("ddplab_threads", "int", 0,
             "Torch threads per rank (OMP/MKL_NUM_THREADS); 0 = the node's CPU count / ranks per node.",
             min=0, per_host=True),
@@ -128,8 +131,6 @@ SETTINGS: tuple[Setting, ...] = (
             "Folder under <ddplab_root>/code/ that ddplab_code_dir lands in.", section=CODE,
             pattern=r"(?!trainer$|nodeprobe$|\.\.?$)[A-Za-z0-9._-]+",
             pattern_doc="one folder name other than trainer, nodeprobe, . and .."),
-    Setting("ddplab_code_exclude_regex", "str", r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$",
-            "Code paths never copied nor hashed (a Python regex over relative paths).", section=CODE),
     Setting("ddplab_entrypoint", "str", "",
             "A script relative to ddplab_code_dir (train.py) or \"-m package.module\".", section=CODE,
             example="-m scripts.base_train"),

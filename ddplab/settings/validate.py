@@ -111,11 +111,10 @@ RUN_CHECKS = (
                         "ddplab_pip_requirements", "ddplab_entrypoint_args")),
     (inputs.folders, ("ddplab_repo_dir", "ddplab_runs_dir")),
     (inputs.code, ("ddplab_code_dir", "ddplab_entrypoint", "ddplab_pip_requirements")),
-    (inputs.regexes, ("ddplab_code_exclude_regex",)),
     (inputs.shards, ("ddplab_data_dir", "ddplab_entrypoint")),
     (external.trainer_args, ("ddplab_entrypoint", "ddplab_data_dir", "ddplab_run_id", "ddplab_trainer_steps",
                              "ddplab_trainer_depth", "ddplab_pg_timeout", "ddplab_resume",
-                             "ddplab_trainer_extra_args", "ddplab_threads")),
+                             "ddplab_trainer_extra_args", "ddplab_threads", "ddplab_balance")),
 )
 
 

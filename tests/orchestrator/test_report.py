@@ -46,3 +46,24 @@ def test_report_without_metrics_is_one_clear_error(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith("ddplab: error: no metrics.rank*.jsonl") and "Traceback" not in proc.stderr
     assert not (tmp_path / "run-y" / "report.md").exists()
+
+
+def test_report_shows_each_ranks_share_compute_and_wait(tmp_path):
+    run = tmp_path / "run-b"
+    for rank, (share, compute, wait) in enumerate([(11, 300.0, 12.0), (5, 290.0, 25.0)]):
+        d = run / f"node{rank}" / "out"
+        d.mkdir(parents=True)
+        (run / f"node{rank}" / "exit_code").write_text("0\n")
+        rows = [{"step": i + 1, "loss": 4.0, "dt_ms": 320.0, "tokens_per_sec": 900.0, "allreduce_ms": 30.0,
+                 "share": share, "compute_ms": compute + i, "wait_ms": wait, "exposed_ms": wait}
+                for i in range(3)]
+        (d / f"metrics.rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "node0" / "out" / "summary.json").write_text(json.dumps(
+        {"world_size": 2, "balance": {"shares": [11, 5], "global_seqs": 16, "changes": [
+            {"step": 10, "from": [8, 8], "to": [11, 5], "ms_per_seq": [30.0, 60.0]}]}}))
+    proc = run_report(run)
+    assert proc.returncode == 0, proc.stderr
+    table = (run / "report.md").read_text()
+    assert "| share p50 | compute ms p50 | wait ms p50 |" in table
+    assert "| 11 | 301 | 12 |" in table and "| 5 | 291 | 25 |" in table
+    assert "- balance: shares [11, 5] of 16 sequences per step (1 changes, last at step 10)" in table

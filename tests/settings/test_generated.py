@@ -21,7 +21,7 @@ def test_defaults_file_holds_the_spec_defaults():
 
 def test_argument_specs_name_every_setting_with_its_type():
     spec = yaml.safe_load((REPO / "roles/ddplab/meta/argument_specs.yml").read_text())
-    options = spec["argument_specs"]["main"]["options"]
+    options = spec["argument_specs"]["facts"]["options"]
     assert {n: o["type"] for n, o in options.items()} == {s.name: s.kind for s in SETTINGS}
 
 

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from settings_helpers import errors, inventory, one_error, shards  # noqa: F401
@@ -89,10 +90,6 @@ def test_env_names(data):
     assert '"1BAD"' in line and '"MASTER_PORT"' in line and '"OK"' not in line
 
 
-def test_exclude_regex_must_compile(data):
-    one_error(inventory(data, ddplab_code_exclude_regex="(unclosed"), "ddplab_code_exclude_regex")
-
-
 # --- the shards' manifest ------------------------------------------------------------------------------
 
 def _manifest(data):
@@ -156,6 +153,7 @@ def test_no_manifest_check_with_own_data(code, tmp_path):
     ("ddplab_trainer_extra_args", ["--bogus"], "trainer argument --bogus: unknown flag"),
     ("ddplab_trainer_extra_args", ["--batch-size", "0"], "--batch-size must be at least 1"),
     ("ddplab_trainer_extra_args", ["--comm", "zip"], "invalid choice"),
+    ("ddplab_trainer_extra_args", ["--balance-every", "0"], "--balance-every must be at least 1"),
 ])
 def test_trainer_checks_its_flags(data, name, value, said):
     line = one_error(inventory(data, **{name: value}), name)
@@ -170,8 +168,34 @@ def test_trainer_argv_matches_launch_args():
     from ddplab.settings.external import trainer_argv
     from ddplab.settings.validate import resolve
 
-    given = {"ddplab_trainer_extra_args": ["--lr", "0.01"], "ddplab_resume": True}
+    given = {"ddplab_trainer_extra_args": ["--lr", "0.01"], "ddplab_resume": True, "ddplab_balance": True}
     values, _ = resolve(given, "/r/playbooks")
     assert trainer_argv(values) == ["--data", "/r/data/shards", "--out", "run/out", "--run-id", "run-check",
                                     "--steps", "50", "--depth", "2", "--pg-timeout-s", "45", "--resume",
-                                    "--lr", "0.01", "--threads", "1"]
+                                    "--balance", "--lr", "0.01", "--threads", "1"]
+
+
+@pytest.mark.parametrize("balance", [True, False])
+def test_launch_args_rendered_by_ansible_are_the_argv_the_check_validates(balance):
+    """roles/launch/vars/main.yml's launch_args, rendered by Ansible's own templar, against trainer_argv:
+    the same flags in the same order (node paths and the run id are placeholders in the check)."""
+    import yaml
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    from ddplab.settings.external import trainer_argv
+    from ddplab.settings.validate import resolve
+
+    given = {"ddplab_trainer_extra_args": ["--lr", "0.01"], "ddplab_balance": balance}
+    values, _ = resolve(given, "/r/playbooks")
+    repo = Path(__file__).resolve().parents[2]
+    launch_vars = yaml.safe_load((repo / "roles" / "launch" / "vars" / "main.yml").read_text())
+    node = {"ddplab_byo": False, "ddplab_lab": {"data": "/r/data/shards"}, "ddplab_run_dir": "run",
+            "ddplab_run": "run-check", "ddplab_trainer_steps": values["ddplab_trainer_steps"],
+            "ddplab_trainer_depth": values["ddplab_trainer_depth"], "ddplab_entrypoint_args": [],
+            "ddplab_pg_timeout": values["ddplab_pg_timeout"], "ddplab_balance": balance,
+            "ddplab_trainer_extra_args": values["ddplab_trainer_extra_args"]}
+    templar = Templar(loader=DataLoader(), variables=node)
+    rendered = templar.template(trust_as_template(launch_vars["launch_args"]))
+    assert [*rendered, "--threads", "1"] == trainer_argv(values)
+    assert ("--balance" in rendered) is balance
