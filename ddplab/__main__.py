@@ -18,6 +18,7 @@ VERBS = {
     "report": "ddplab.report",
     "follow": "ddplab.follow",
     "status": "ddplab.status",
+    "code-check": "ddplab.code_check",
     "validate": "ddplab.settings",
     "settings": "ddplab.settings",
     "preflight-verdict": "ddplab.preflight.verdict",

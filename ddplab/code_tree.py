@@ -1,15 +1,19 @@
 """``python -m ddplab code-tree TREES_JSON``: the control-side plan of a code sync.
 
-TREES_JSON is a list of ``{src, dest, mode}``: mode "all" takes every file under src; mode
+TREES_JSON is a list of ``{src, dest, mode[, include]}``: mode "all" takes every file under src; mode
 "gitignore" takes what git would commit (``git ls-files --cached --others --exclude-standard``) when
 src is inside a git work tree, else every file minus the patterns of src/.gitignore (simple fnmatch
-patterns: ``name``, ``dir/``, ``/anchored``, ``*.ext``, ``a/**/b``; ``!`` negation is not supported).
-Files that nodeprobe.hashing.EXCLUDE names (bytecode, .git, ...) are left out in every mode.
+patterns: ``name``, ``dir/``, ``/anchored``, ``*.ext``, ``a/**/b``; ``!`` negation is not supported);
+``include`` adds the files its globs match although git ignores them (ddplab_code_include,
+ddplab/code_include.py). Files that nodeprobe.hashing.EXCLUDE names (bytecode, .git, ...) are left out
+in every mode.
 
 Prints one JSON object: files [{src, dest}], lines ["<sha256>  <dest>/<rel>"] sorted by path, hash
 (the tree hash of those lines: what the node computes from its copy with the same module), trees
 [{src, dest, method, files, hash (the tree hash of this folder alone, as preflight's fingerprint
-hashes the node's copy), git_commit, git_dirty}].
+hashes the node's copy), git_commit, git_dirty, included (files added by include)}], placed
+({dest: [relative paths]}: the record roles/code_sync writes as code/.ddplab-code-files.json, so that a
+node counts, and prunes, only the files ddplab placed).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import os
 import subprocess
 
+from ddplab.code_include import included_files
 from ddplab.errors import DdplabError
 from nodeprobe import hashing
 
@@ -72,14 +77,15 @@ def list_tree(src, mode):
 
 
 def plan(trees: list[dict]) -> dict:
-    lines, info = [], []
+    lines, info, placed = [], [], {}
     for tree in trees:
         src, dest = str(tree["src"]).rstrip("/"), str(tree["dest"]).strip("/")
         if not os.path.isdir(src):
             raise DdplabError(f"code folder {src} does not exist on the control host; "
                               "set ddplab_code_dir to an existing folder")
         rels, method, commit, dirty = list_tree(src, tree.get("mode", "all"))
-        rels = sorted(r for r in rels if not hashing.excluded(r))
+        extra = sorted(set(included_files(src, list(tree.get("include") or []))) - set(rels))
+        rels = sorted(r for r in set(rels) | set(extra) if not hashing.excluded(r))
         if not rels:
             raise DdplabError(f"code folder {src} has no files to sync ({method}); "
                               "check ddplab_code_dir and its .gitignore")
@@ -91,11 +97,13 @@ def plan(trees: list[dict]) -> dict:
         lines += [(f"{dest}/{rel}", os.path.join(src, rel), ln.split("  ", 1)[0])
                   for rel, ln in zip(rels, own, strict=True)]
         info.append({"src": src, "dest": dest, "method": method, "files": len(rels),
-                     "hash": hashing.lines_digest(own), "git_commit": commit, "git_dirty": dirty})
+                     "hash": hashing.lines_digest(own), "git_commit": commit, "git_dirty": dirty,
+                     "included": len(extra)})
+        placed[dest] = rels
     lines.sort()
     sums = [f"{sha}  {dest}" for dest, _, sha in lines]
     return {"files": [{"src": src, "dest": dest} for dest, src, _ in lines], "lines": sums,
-            "hash": hashing.lines_digest(sums), "trees": info}
+            "hash": hashing.lines_digest(sums), "trees": info, "placed": placed}
 
 
 def add_parser(sub):

@@ -13,6 +13,8 @@ answer over SSH. "Failed first" is judged among the nodes whose state is known: 
 silently lost node first, else the failed node whose rank did not merely lose a peer, earliest exit
 first (exit_code mtimes on the nodes' clocks). When nothing known failed but nodes were left out, the
 failed-first node is unknown, and the output says so.
+A failed node's row shows why: its `ddplab: error:` line, else the exception its code raised (`exception`
+of the run status, nodeprobe/rank_error.py), else its last log line.
 Output: JSON {"run", "nodes": [rows], "failed", "failed_first", "lines"} on stdout.
 """
 
@@ -46,7 +48,7 @@ def row_for(host: str, rank, state: dict | None, asked: bool) -> dict:
             "victim": 1 if state.get("lost_peer") else 0, "t": float(exited_at), "code": code,
             "step": state.get("step"), "loss": state.get("loss"), "tps": state.get("tokens_per_sec"),
             "last_line": state.get("last_line") or "", "lines": list(state.get("last_lines") or []),
-            "error": state.get("error")}
+            "error": state.get("error") or (state.get("exception") if failed else None)}
 
 
 def judge(doc: dict) -> dict:
@@ -72,7 +74,8 @@ def render(run: str, rows: list[dict], first: str | None, left_out: list[str], l
     """The lines status.yml prints: a row per node, then who failed first and the failed nodes' last lines."""
     out = [f"run {run}"]
     for r in rows:
-        line = r["last_line"] if len(r["last_line"]) <= 80 else r["last_line"][:77] + "..."
+        line = r["error"] if r["failed"] and r["error"] else r["last_line"]  # why it failed, else where it is
+        line = line if len(line) <= 100 else line[:97] + "..."
         out.append(f"{r['host']:<12} rank {fmt(r['rank'], '<2')} {r['verdict']:<32} "
                    f"step {fmt(r['step'], '<6')} loss {fmt(r['loss'], '<8.4f')} "
                    f"tok/s {fmt(r['tps'], '<8.0f')} "

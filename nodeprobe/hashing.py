@@ -9,6 +9,9 @@ preflight's fingerprint and verdict compare with it, the dataset role verifies s
   sorted bytewise by path, minus ``EXCLUDE`` (bytecode, __pycache__, .git, .pytest_cache, the
   code folder's own .ddplab-code* records); the hash is sha256 of those lines, each ending in
   ``\\n`` (what ``sha256sum`` prints, so ``sha256sum`` can check it by hand).
+  On a node, a synced tree counts only the files ddplab placed in it (``RECORD`` in the code folder,
+  written by roles/code_sync): what the user's code writes there (checkpoints, ``out/``) is neither
+  hashed nor pruned.
 - Manifest digest (docs/contracts.md): sha256 of the sorted lines ``"<file> <sha256>\\n"``;
   ``verify_shards`` checks a data folder against a manifest.
 """
@@ -23,6 +26,8 @@ import sys
 from pathlib import Path
 
 CHUNK = 1 << 20
+# In a node's code folder: {tree folder: [paths relative to it of the files ddplab placed]}.
+RECORD = ".ddplab-code-files.json"
 # Never synced and never hashed: rebuilt on the node (bytecode), tool state, the sync's own records.
 EXCLUDE = re.compile(r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$|^\.ddplab-code")
 
@@ -39,6 +44,29 @@ def excluded(rel: str) -> bool:
     return bool(EXCLUDE.search(rel))
 
 
+def placed(root) -> dict[str, set[str]]:
+    """The synced trees at or under ``root`` with the files ddplab placed in them, from the code folder's
+    RECORD (in root, or in its parent when root is one tree): {tree prefix relative to root ("" when root
+    is the tree): {root-relative paths}}; {} without a record (the control host, an older node)."""
+    root = os.path.abspath(root)
+    for code_dir in (root, os.path.dirname(root)):
+        try:
+            with open(os.path.join(code_dir, RECORD)) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        out = {}
+        for tree, files in record.items() if isinstance(record, dict) else ():
+            top = os.path.normpath(os.path.join(code_dir, tree))
+            if top == root:
+                out[""] = set(files)
+            elif top.startswith(root + os.sep):
+                prefix = os.path.relpath(top, root) + "/"
+                out[prefix] = {prefix + f for f in files}
+        return out
+    return {}
+
+
 def tree_files(root) -> list[str]:
     """Relative paths of the files under ``root`` that the tree hash covers, sorted bytewise."""
     out = []
@@ -48,6 +76,10 @@ def tree_files(root) -> list[str]:
         dirnames[:] = [d for d in dirnames if not excluded(rel_dir + d + "/")]
         out += [rel_dir + n for n in filenames
                 if not excluded(rel_dir + n) and os.path.isfile(os.path.join(dirpath, n))]
+    trees = placed(root)
+    if trees:
+        out = [rel for rel in out
+               if all(rel in files for prefix, files in trees.items() if rel.startswith(prefix))]
     return sorted(out)  # code-point order of str == byte order of their UTF-8
 
 

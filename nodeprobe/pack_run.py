@@ -1,10 +1,11 @@
 """Pack one run's files on this node into a tar.gz for collect_logs.yml (one fetch per node, not per file).
 
     python -m nodeprobe.pack_run RUN_DIR OUT.tgz --socket SOCK --session RUN_ID \
-        [--pattern launch.log ...] [--exclude '*.pt' ...] [--glob 'ckpt/*.json' ...]
+        [--pattern launch.log ...] [--exclude '*.pt' ...] [--glob 'ckpt/*.json' ...] [--glob-dir DIR]
 
 Takes the files of RUN_DIR whose name matches a --pattern (recursively, minus --exclude), plus the files
-named by each --glob (relative to RUN_DIR, `**` recurses; only files inside RUN_DIR), and the whole
+named by each --glob (relative to --glob-dir, the ranks' working folder, default RUN_DIR; `**` recurses;
+only files inside that folder; packed under their path relative to it), and the whole
 tmux scrollback of the run's session as pane.txt. Prints one JSON object: {"files": [...], "pane": bool}.
 A run folder that does not exist or holds no matching file prints {"files": []} (the role names it).
 Standard library only: it runs with the node's system Python from the synced code folder.
@@ -24,21 +25,24 @@ import tarfile
 import time
 
 
-def select(run_dir: str, patterns: list[str], excludes: list[str], globs: list[str]) -> list[str]:
-    """Relative paths of the run's files to collect, sorted."""
-    root = os.path.realpath(run_dir)
-    out: set[str] = set()
+def select(run_dir: str, patterns: list[str], excludes: list[str], globs: list[str],
+           glob_dir: str | None = None) -> dict[str, str]:
+    """{name in the archive: path on the node} of the files to collect."""
+    glob_dir = glob_dir or run_dir
+    root = os.path.realpath(glob_dir)
+    out: dict[str, str] = {}
     for dirpath, _dirs, files in os.walk(run_dir):
         for name in files:
             if any(fnmatch.fnmatch(name, p) for p in patterns) and not any(fnmatch.fnmatch(name, x)
                                                                            for x in excludes):
-                out.add(os.path.relpath(os.path.join(dirpath, name), run_dir))
+                path = os.path.join(dirpath, name)
+                out[os.path.relpath(path, run_dir)] = path
     for pattern in globs:
-        for path in glob.glob(os.path.join(glob.escape(run_dir), pattern), recursive=True):
+        for path in glob.glob(os.path.join(glob.escape(glob_dir), pattern), recursive=True):
             real = os.path.realpath(path)
             if os.path.isfile(real) and real.startswith(root + os.sep):
-                out.add(os.path.relpath(path, run_dir))
-    return sorted(out)
+                out.setdefault(os.path.relpath(path, glob_dir), path)
+    return dict(sorted(out.items()))
 
 
 def capture_pane(socket: str, session: str) -> str:
@@ -51,11 +55,11 @@ def capture_pane(socket: str, session: str) -> str:
     return p.stdout if p.returncode == 0 else f"(no tmux pane: {p.stderr.strip()})\n"
 
 
-def pack(run_dir: str, out: str, files: list[str], pane: str) -> None:
+def pack(out: str, files: dict[str, str], pane: str) -> None:
     tmp = f"{out}.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
-        for rel in files:
-            tar.add(os.path.join(run_dir, rel), arcname=rel, recursive=False)
+        for rel, path in files.items():
+            tar.add(path, arcname=rel, recursive=False)
         data = pane.encode()
         info = tarfile.TarInfo("pane.txt")
         info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
@@ -72,11 +76,12 @@ def main(argv=None) -> int:
     ap.add_argument("--pattern", action="append", default=[])
     ap.add_argument("--exclude", action="append", default=[])
     ap.add_argument("--glob", action="append", default=[])
+    ap.add_argument("--glob-dir", default=None, help="folder the --glob patterns are relative to (RUN_DIR)")
     a = ap.parse_args(argv)
-    files = select(a.run_dir, a.pattern, a.exclude, a.glob) if os.path.isdir(a.run_dir) else []
+    files = select(a.run_dir, a.pattern, a.exclude, a.glob, a.glob_dir) if os.path.isdir(a.run_dir) else {}
     if files:
-        pack(a.run_dir, a.out, files, capture_pane(a.socket, a.session))
-    json.dump({"files": files, "archive": a.out if files else None}, sys.stdout)
+        pack(a.out, files, capture_pane(a.socket, a.session))
+    json.dump({"files": list(files), "archive": a.out if files else None}, sys.stdout)
     print()
     return 0
 

@@ -5,8 +5,9 @@ state is one of: not-started (no run folder), running, exited (with code), lost 
 tmux pane: the rank was killed with its session), stopped (stop.yml marked the run and the rank did not
 finish with code 0). Also: code_time (mtime of exit_code), log_time (of launch.log), metrics_time (of the
 newest metrics line's file), now (this node's clock, to compare), last_lines (the log's last lines),
-error (the last `ddplab: error:` line) and lost_peer (that line says this rank lost a peer: it is a
-victim, not the cause).
+error (the last `ddplab: error:` line), lost_peer (that line says this rank lost a peer: it is a
+victim, not the cause) and exception (the exception the rank's code raised, with its file:line;
+nodeprobe/rank_error.py), read when the rank did not exit 0.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import os
 import subprocess
 import time
+
+from nodeprobe.rank_error import log_exception
 
 
 def mtime(path):
@@ -54,7 +57,7 @@ def last_line(path, want_json=False):
 def run_status(run_dir: str, socket: str, session: str) -> dict:
     res = {"state": "not-started", "code": None, "step": None, "loss": None, "tokens_per_sec": None,
            "last_line": "", "pane": None, "code_time": None, "log_time": None, "metrics_time": None,
-           "now": time.time(), "last_lines": [], "error": None, "lost_peer": False}
+           "now": time.time(), "last_lines": [], "error": None, "lost_peer": False, "exception": None}
     if not os.path.isdir(run_dir):
         return res
     out = subprocess.run(
@@ -90,4 +93,6 @@ def run_status(run_dir: str, socket: str, session: str) -> dict:
         res["error"] = errors[-1][errors[-1].index("ddplab: error:"):]
         res["lost_peer"] = "lost peer" in res["error"] or "lost a peer" in res["error"] or \
             "lost contact with the other ranks" in res["error"]
+    if res["state"] in ("exited", "lost") and res["code"] != 0:
+        res["exception"] = log_exception(log)
     return res

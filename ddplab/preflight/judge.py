@@ -14,6 +14,7 @@ CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "me
 OK, FAIL, SKIP, NA = "ok", "FAIL", "skip", "n/a"
 # Probe errors that mean the node was never prepared (no code or no Python there).
 NOT_PREPARED = ("No module named 'nodeprobe'", "No module named nodeprobe", "not prepared")
+PREPARE_FIX = "run playbooks/prepare.yml (with -l {host} to prepare this node alone)"
 GIB = 1 << 30
 
 
@@ -127,3 +128,22 @@ class Judge:
     def sharing(self, h: str) -> list[str]:
         """Hosts running on the same machine as h (inventory 'local' hosts share this machine)."""
         return [x for x in self.hosts if self.hosts[x].get("local")] if self.hosts[h].get("local") else [h]
+
+
+def fold_unprepared(j: Judge) -> list[str]:
+    """One FAIL per node that was never prepared, not one per check: its first check that failed for
+    that reason says so (with the probe's own words) and names the fix; its other checks that failed for
+    the same reason become skip. Returns the hosts folded."""
+    folded = []
+    for h in j.hosts:
+        cells = [(c, j.rows[h][c]) for c in CHECKS if c in j.rows[h] and j.rows[h][c]["status"] == FAIL
+                 and any(w in j.rows[h][c]["detail"] for w in NOT_PREPARED)]
+        if not cells:
+            continue
+        first, cell = cells[0]
+        reason = cell["detail"].split(f"failed on {h}: ", 1)[-1].removeprefix("ddplab: error: ")
+        j.set(h, first, FAIL, f"{h} is not prepared ({reason})", PREPARE_FIX.format(host=h))
+        for check, _ in cells[1:]:
+            j.set(h, check, SKIP, f"not checked: {h} is not prepared (see {first})")
+        folded.append(h)
+    return folded

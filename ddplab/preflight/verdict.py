@@ -25,7 +25,7 @@ from pathlib import Path
 from ddplab.errors import DdplabError
 from ddplab.preflight import checks_files, checks_inventory, checks_network, checks_node, collect
 from ddplab.preflight.collect import InputError
-from ddplab.preflight.judge import CHECKS, FAIL, NA, SKIP, Judge
+from ddplab.preflight.judge import CHECKS, FAIL, NA, SKIP, Judge, fold_unprepared
 from nodeprobe import hashing
 
 # Checks a failure of which makes the gloo smoke test pointless (or a sure hang): --gate skips it.
@@ -62,6 +62,7 @@ def judge(j: Judge) -> dict:
             checks_network.smoke(j, h)
         if "gloo" not in j.rows[h]:
             j.set(h, "gloo", SKIP, "no fingerprint")
+    unprepared = fold_unprepared(j)
     failures = [{"host": h, "check": c, **j.rows[h][c]} for h in j.hosts for c in CHECKS
                 if j.rows[h][c]["status"] == FAIL]
     skipped = [(h, c) for h in j.hosts for c in CHECKS if j.rows[h][c]["status"] == SKIP]
@@ -76,6 +77,7 @@ def judge(j: Judge) -> dict:
         "hosts": {h: {c: j.rows[h][c] for c in CHECKS} for h in j.hosts},
         "failures": failures,
         "not_run": [f"{h}:{c}" for h, c in skipped],
+        "unprepared": unprepared,
         "bandwidth": bandwidth or None,
         "left_out": list(j.left_out),
     }
@@ -118,7 +120,8 @@ def table(result: dict) -> str:
 def gate(result: dict) -> dict:
     """May the gloo smoke test run? Not when a check it depends on failed: it would only hang until
     its watchdog and then blame the network that the failed check already named."""
-    failed = [f"{f['host']}:{f['check']}" for f in result["failures"] if f["check"] in SMOKE_NEEDS]
+    failed = [f"{f['host']}:{f['check']}" for f in result["failures"]
+              if f["check"] in SMOKE_NEEDS or f["host"] in result.get("unprepared", ())]
     if result.get("left_out"):
         return {"smoke": False, "failed": [], "left_out": True,
                 "reason": f"it needs every rank: {', '.join(result['left_out'])} left out by --limit"}
@@ -170,7 +173,8 @@ def control_code(args, inputs: collect.Inputs) -> dict:
         if not name:
             raise InputError(f"--code-tree {spec!r}: use NAME=SRC_FOLDER")
         try:
-            tree = code_tree.plan([{"src": src, "dest": name, "mode": "gitignore"}])["trees"][0]
+            tree = code_tree.plan([{"src": src, "dest": name, "mode": "gitignore",
+                                    "include": args.code_include}])["trees"][0]
         except DdplabError as e:
             raise InputError(str(e)) from None
         code[name] = {"sha256": tree["hash"]}
@@ -200,6 +204,8 @@ def add_parser(sub):
                    help="control host's code folder to compare with (repeatable)")
     p.add_argument("--code-tree", action="append", default=[], metavar="NAME=SRC",
                    help="your code folder SRC, hashed as code-tree would sync it, is the node's NAME/")
+    p.add_argument("--code-include", action="append", default=[], metavar="GLOB",
+                   help="a ddplab_code_include glob: git-ignored files of --code-tree's folder it ships")
     p.add_argument("--code-ref", action="append", default=[], metavar="NAME=SHA256",
                    help="the control host's tree hash of code folder NAME (repeatable)")
     p.add_argument("--dump", default="", help="also write the inputs to this folder (debugging; '' = no)")

@@ -136,6 +136,18 @@ SETTINGS: tuple[Setting, ...] = (
             example="-m scripts.base_train"),
     Setting("ddplab_entrypoint_args", "list", [], "Arguments of the entry point (each shell-quoted for you).",
             section=CODE, example=["--device-type=cpu", "--depth=4", "--num-iterations=20"]),
+    Setting("ddplab_code_include", "list", [],
+            "Globs relative to ddplab_code_dir of files to ship although git ignores them (prepared data, "
+            "tokenizers; ** recurses); synced, hashed and checked by preflight like the code.", section=CODE,
+            example=["data/**/*.bin", "data/**/meta.pkl"]),
+    Setting("ddplab_code_check", "bool", True,
+            "Scan the entry point and the modules it imports (Python ast, nothing run) for what fails on CPU "
+            "nodes under gloo, before any node changes; a certain failure refuses the launch (file:line and "
+            "the patch). false: skip (python -m ddplab code-check runs it by hand).", section=CODE),
+    Setting("ddplab_workdir", "str", "code",
+            "Working folder of your code's ranks: code = its synced folder on the node (as torchrun from a "
+            "checkout), run = <ddplab_root>/runs/<run_id>/. Files your code writes are never removed by a "
+            "later sync; the ranks get DDPLAB_RUN_DIR.", section=CODE, choices=("code", "run")),
     Setting("ddplab_env", "dict", {},
             "Extra environment variables of the ranks (per group or host; ddplab's own names are refused).",
             section=CODE, per_host=True,
@@ -143,8 +155,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_nproc_per_node", "int", 1, "torchrun ranks per node (world size = nodes x this).",
             section=CODE, min=1, max=1024),
     Setting("ddplab_collect_globs", "list", [],
-            "Files your code writes, relative to the run folder on the node (** recurses), brought back by "
-            "collect_logs.", section=CODE, example=["**/*.json", "torchrun-logs/**/*.log"]),
+            "Files your code writes, relative to the ranks' working folder on the node (ddplab_workdir; ** "
+            "recurses), brought back by collect_logs.", section=CODE,
+            example=["out/*.json", "torchrun-logs/**/*.log"]),
     Setting("ddplab_pip_requirements", "str", "",
             "A requirements file inside ddplab_code_dir, installed with torch==ddplab_torch_version as a "
             "constraint (\"\" = none).", section=CODE, example="requirements.txt"),
@@ -164,7 +177,7 @@ BY_NAME = {s.name: s for s in SETTINGS}
 INTERNAL = frozenset({
     "ddplab_lab", "ddplab_run", "ddplab_run_dir", "ddplab_control_run_dir", "ddplab_master_host",
     "ddplab_master_addr", "ddplab_node_addr", "ddplab_world_size", "ddplab_all_local", "ddplab_home",
-    "ddplab_last_run", "ddplab_run_id_mode", "ddplab_root_abs",
+    "ddplab_last_run", "ddplab_run_id_mode", "ddplab_root_abs", "ddplab_rank_cwd",
     # roles/ddplab/tasks/facts.yml (facts and the task vars that build them) and the --limit plays
     "ddplab_addrs", "ddplab_byo", "ddplab_master_home", "ddplab_master_lab", "ddplab_master_name",
     "ddplab_master_root_abs", "ddplab_left_out", "ddplab_settings_checked",

@@ -86,9 +86,10 @@ def test_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_run, seed_rep
         assert (run / host / "pane.txt").read_text().count("exited with code 0") == 1
         collected = list((run / host / "torchrun-logs").rglob("stdout.log"))
         assert collected, f"no torchrun-logs collected from {host}"
-        # the node got the tracked files only, byte for byte
+        # the node got the tracked files only, byte for byte; the ranks ran there (ddplab_workdir: code), so
+        # torchrun's relative PET_LOG_DIR landed beside them
         user = simlan2.exec(host, ["ls", "-A", "/root/ddplab/code/user"], timeout=30, check=True)
-        assert sorted(user.stdout.split()) == [".gitignore", "dist_train.py"]
+        assert sorted(user.stdout.split()) == [".gitignore", "dist_train.py", "torchrun-logs"]
         copy = simlan2.exec(host, ["cat", "/root/ddplab/code/user/dist_train.py"], timeout=30, check=True)
         assert copy.stdout.encode() == seed
         shards = simlan2.exec(host, ["find", "/root/ddplab", "-name", "*.parquet"], timeout=30, check=True)

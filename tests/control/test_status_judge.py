@@ -77,3 +77,18 @@ def test_cli_reads_stdin_and_rejects_bad_input():
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("ddplab: error: status input is not JSON")
     assert "Traceback" not in bad.stderr
+
+
+def test_a_failed_row_shows_the_exception_its_code_raised():
+    crash = {**state("exited", 1, t=2.0), "exception": "FileNotFoundError: [Errno 2] No such file or "
+                                                       "directory: 'configurator.py' (train.py:10)"}
+    victim = state("exited", 1, t=3.0, lost_peer=True, error="ddplab: error: lost peer rank 0 (node0)")
+    finished = {**state("exited", 0, t=1.0), "exception": "ValueError: printed, not raised"}
+    v = judge(doc({"node0": crash, "node1": victim, "node2": finished}))
+    rows = {line.split()[0]: line for line in v["lines"][1:4]}
+    assert rows["node0"].endswith("| FileNotFoundError: [Errno 2] No such file or directory: "
+                                  "'configurator.py' (train.py:10)")
+    assert rows["node1"].endswith("| ddplab: error: lost peer rank 0 (node0)")
+    assert rows["node2"].endswith("| exited 0")  # a finished node shows its last line, never an exception
+    assert ("failed first: node0 (rank 0, failed (exit code 1)): FileNotFoundError: [Errno 2] No such file "
+            "or directory: 'configurator.py' (train.py:10)") in v["lines"]

@@ -190,7 +190,9 @@ def test_unreachable_and_unprepared_hosts_fail_fast_with_their_error(tmp_path):
     verdict = json.loads(out.read_text())
     cells = verdict["hosts"]
     assert cells["b"]["ssh"]["status"] == "FAIL" and "Connection refused" in cells["b"]["ssh"]["detail"]
-    assert cells["a"]["torch"]["status"] == "FAIL" and "prepare.yml" in cells["a"]["torch"]["fix"]
+    # an unprepared node: one FAIL naming the fix, its other checks skipped (issue 13)
+    assert cells["a"]["python"]["status"] == "FAIL" and "prepare.yml" in cells["a"]["python"]["fix"]
+    assert cells["a"]["torch"]["status"] == "skip" and "a is not prepared" in cells["a"]["torch"]["detail"]
     assert (
         cells["a"]["gloo_smoke"]["status"] == "skip" and "failed first" in cells["a"]["gloo_smoke"]["detail"]
     )

@@ -1,8 +1,9 @@
 """playbooks/preflight.yml against simulated hosts: healthy clusters pass, every field-notes fault is named.
 
-One 3-host cluster (CPUs pinned: each host sees one core) serves the whole module; the tests run in
-file order and build on each other's state: prepare, healthy 2-host (a 2-host inventory of the same
-LAN) and 3-host runs, then groups of faults, each fault on one host, restored after its group.
+One 3-host cluster (CPUs pinned: each host sees one core), prepared once by the module fixture
+`prepared`, serves the whole module: healthy 2-host (a 2-host inventory of the same LAN) and 3-host
+runs, then groups of faults, each fault on one host, restored after its group, so each test also runs
+alone.
 Faults are injected inside the hosts (ufw, /etc/hosts, ip, files, a squatter process, sshd stop) or
 as per-host inventory variables (threads, dtype), never faked in the verdict's input.
 """
@@ -121,9 +122,15 @@ def fixes(verdict: dict, host: str, check: str) -> tuple[str, str]:
     return cell["detail"], cell["fix"]
 
 
-def test_1_prepared_two_and_three_host_clusters_pass(lab):
+@pytest.fixture(scope="module")
+def prepared(lab):
     prep = playbook("prepare.yml", inventory=lab["inv3"], extra=lab["extra"], timeout=420)
     assert prep.returncode == 0, tail(prep)
+    return lab
+
+
+def test_prepared_two_and_three_host_clusters_pass(prepared):
+    lab = prepared
     inv2 = _inventory(lab["cluster"], lab["base"] / "inv2", ["node0", "node1"])
     v2 = assert_passes(lab, inv2, ["node0", "node1"])
     assert v2["bandwidth"]["busbw_gbit_s"] > 0
@@ -131,7 +138,8 @@ def test_1_prepared_two_and_three_host_clusters_pass(lab):
     assert_passes(lab, lab["inv3"], ["node0", "node1", "node2"], "--check")
 
 
-def test_2_host_faults_are_named_and_prepare_repairs_the_shards(lab):
+def test_host_faults_are_named_and_prepare_repairs_the_shards(prepared):
+    lab = prepared
     c, data = lab["cluster"], "/root/ddplab/data"
     first, last = lab["shard"][0], lab["shard"][-1]
     host_vars = {"node1": {"ddplab_threads": 2}}
@@ -200,7 +208,8 @@ def _allow_peers(lab, host: str) -> None:
             sh(lab, host, f"ufw allow from {a} proto tcp comment ddplab")
 
 
-def test_3_firewalls_and_a_dead_sshd_are_named(lab):
+def test_firewalls_and_a_dead_sshd_are_named(prepared):
+    lab = prepared
     c, addr = lab["cluster"], lab["addr"]
     inv = lab["inv3"]
     try:

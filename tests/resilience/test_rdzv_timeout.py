@@ -22,6 +22,7 @@ def _render(tmp_path, port: int) -> dict[str, str]:
            "python_file": str(tmp_path / "python")}
     # the facts that roles/ddplab (facts, dirs, run_id) and the launch role's own tasks set on a node
     facts = {"ddplab_lab": lab, "ddplab_run": "run-rdzv", "ddplab_run_dir": f"{lab['runs']}/run-rdzv",
+             "ddplab_rank_cwd": f"{lab['runs']}/run-rdzv",
              "ddplab_master_addr": "127.0.0.1", "ddplab_master_port": port, "ddplab_node_rank": 0,
              "ddplab_world_size": 2, "ddplab_node_addr": "127.0.0.1", "ddplab_rdzv_timeout": RDZV_TIMEOUT_S,
              "ddplab_byo": False,

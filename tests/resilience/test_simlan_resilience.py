@@ -1,9 +1,9 @@
 """Runs that survive, on 2 simulated hosts: a lost rank, resume, a torn checkpoint, stop, Ctrl-C, a dead host.
 
-One cluster serves the module; tests run in file order and build on each other (the kill test leaves
-checkpoints that the resume test continues from). Killing a whole host breaks the cluster, so that
-test comes last and discards it. Every number the report needs (fault -> verdict seconds, steps lost)
-is printed (`pytest -s`).
+One prepared cluster serves the module (fixture `prepared`); the killed run whose checkpoints the resume
+test continues from is a module fixture too (`killed_run`), so each test also runs alone. Killing a whole
+host breaks the cluster, so that test comes last and discards it. Every number the report needs (fault ->
+verdict seconds, steps lost) is printed (`pytest -s`).
 """
 
 import json
@@ -25,7 +25,6 @@ TRAIN = ["--ckpt-every", str(CKPT_EVERY), "--seq-len", "32", "--batch-size", "4"
 COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 40, "ddplab_trainer_depth": 1}
 TRAIN_ARGS = ("-e", json.dumps({"ddplab_trainer_extra_args": TRAIN}))  # a list needs -e JSON
 VERDICT_LIMIT_S = 60
-FOUND = {}  # facts handed from one test to the next (module order)
 
 
 @pytest.fixture(scope="module")
@@ -113,13 +112,19 @@ def assert_nothing_left(cluster, run_id):
         assert has.returncode != 0, f"{host} still has the tmux session of {run_id}"
 
 
-def test_0_prepare(simlan2, lab):
-    proc = playbook("prepare.yml", inventory=simlan2.inventory_dir, extra=lab, timeout=400)
+@pytest.fixture(scope="module")
+def prepared(simlan_cluster, lab):
+    """A 2-host cluster prepared once for the module."""
+    cluster = simlan_cluster(2)
+    proc = playbook("prepare.yml", inventory=cluster.inventory_dir, extra=lab, timeout=400)
     assert proc.returncode == 0, tail(proc)
+    return cluster
 
 
-def test_1_killed_rank_is_named_by_its_peer_within_60s_and_status_names_it(simlan2, lab):
-    run = "res-kill"
+@pytest.fixture(scope="module")
+def killed_run(prepared, lab):
+    """Run res-kill with node1's worker SIGKILLed after step 32: what its peer and status then said."""
+    simlan2, run = prepared, "res-kill"
     start(simlan2, lab, run, STEPS)
     wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 3 * CKPT_EVERY + 2, 180, "step 32 on node1")
     pid = worker_pid(simlan2, "node1", run)
@@ -131,23 +136,28 @@ def test_1_killed_rank_is_named_by_its_peer_within_60s_and_status_names_it(simla
     steps_done = max(last_step(simlan2, "node0", run, 0), last_step(simlan2, "node1", run, 1))
     print(f"\n[resilience] rank SIGKILLed on node1 at step ~{steps_done}: node0's rank exited after "
           f"{verdict_s:.1f} s")
-    assert verdict_s < VERDICT_LIMIT_S
+    # both launch scripts done before anything else uses the run (the resume test reuses its id)
+    wait_for(lambda: run_file(simlan2, "node1", run, "exit_code"), 60, "node1's launch script to finish")
+    return {"run": run, "steps_done": steps_done, "verdict_s": verdict_s}
+
+
+def test_killed_rank_is_named_by_its_peer_within_60s_and_status_names_it(prepared, lab, killed_run):
+    simlan2, run = prepared, killed_run["run"]
+    assert killed_run["verdict_s"] < VERDICT_LIMIT_S
     assert run_file(simlan2, "node0", run, "exit_code").strip() != "0"
     log0 = run_file(simlan2, "node0", run, "launch.log")
     addr1 = next(h.addr for h in simlan2.hosts if h.name == "node1")
     assert f"ddplab: error: lost peer rank 1 (node1 {addr1}): " in log0, log0[-3000:]
-    wait_for(lambda: run_file(simlan2, "node1", run, "exit_code"), 60, "node1's launch script to finish")
 
     st = status(simlan2, lab, run)
     assert st.returncode == 0, tail(st)
     assert "failed first: node1 (rank 1, failed (exit code" in st.stdout, tail(st)
     assert "lost peer rank 1" in st.stdout  # node0's last lines show why it stopped
-    FOUND["kill"] = {"steps_done": steps_done, "verdict_s": verdict_s}
 
 
-def test_2_resume_skips_a_torn_checkpoint_and_matches_an_uninterrupted_run(simlan2, lab, tmp_path):
-    run = "res-kill"
-    assert "kill" in FOUND, "needs test_1"
+def test_resume_skips_a_torn_checkpoint_and_matches_an_uninterrupted_run(prepared, lab, killed_run,
+                                                                        tmp_path):
+    simlan2, run = prepared, killed_run["run"]
     ckpts = sorted(simlan2.exec("node0", ["bash", "-c", f"ls /root/ddplab/runs/{run}/out/ckpt/step_*.pt"],
                                 timeout=30, check=True).stdout.split())
     assert len(ckpts) >= 2, ckpts
@@ -187,13 +197,13 @@ def test_2_resume_skips_a_torn_checkpoint_and_matches_an_uninterrupted_run(simla
         # the data position continued: every step read the same row group as without the interruption
         assert [(m["epoch"], m["row_group"]) for m in resumed[r]] == [(m["epoch"], m["row_group"])
                                                                      for m in want]
-    lost = FOUND["kill"]["steps_done"] - resume_step
+    lost = killed_run["steps_done"] - resume_step
     print(f"\n[resilience] resumed at step {resume_step} (newest checkpoint torn and skipped); steps lost: "
-          f"{lost} (done {FOUND['kill']['steps_done']}); losses bit-exact vs uninterrupted run")
+          f"{lost} (done {killed_run['steps_done']}); losses bit-exact vs uninterrupted run")
 
 
-def test_3_stop_ends_every_rank_even_when_torchrun_was_killed(simlan2, lab):
-    run = "res-stop"
+def test_stop_ends_every_rank_even_when_torchrun_was_killed(prepared, lab):
+    simlan2, run = prepared, "res-stop"
     start(simlan2, lab, run, 5000)
     wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 2, 180, "the run to train")
     # a torchrun killed hard leaves its worker running (own session): stop must end it too
@@ -209,8 +219,8 @@ def test_3_stop_ends_every_rank_even_when_torchrun_was_killed(simlan2, lab):
     assert_nothing_left(simlan2, run)
 
 
-def test_4_ctrl_c_on_a_waiting_launch_stops_every_rank(simlan2, lab):
-    run = "res-int"
+def test_ctrl_c_on_a_waiting_launch_stops_every_rank(prepared, lab):
+    simlan2, run = prepared, "res-int"
     argv = [str(BIN / "ansible-playbook"), "playbooks/start.yml", "-i", str(simlan2.inventory_dir),
             *TRAIN_ARGS]
     for k, v in extra(lab, ddplab_run_id=run, ddplab_trainer_steps=5000, ddplab_wait="true").items():
@@ -233,8 +243,8 @@ def test_4_ctrl_c_on_a_waiting_launch_stops_every_rank(simlan2, lab):
     assert_nothing_left(simlan2, run)
 
 
-def test_5_dead_host_is_named_by_its_peer_within_60s_and_status_names_it(simlan2, lab, simlan_cluster):
-    run = "res-host"
+def test_dead_host_is_named_by_its_peer_within_60s_and_status_names_it(prepared, lab, simlan_cluster):
+    simlan2, run = prepared, "res-host"
     try:
         start(simlan2, lab, run, 5000)
         wait_for(lambda: last_step(simlan2, "node0", run, 0) >= 5, 180, "the run to train")

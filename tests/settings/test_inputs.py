@@ -175,13 +175,25 @@ def test_trainer_argv_matches_launch_args():
                                     "--balance", "--lr", "0.01", "--threads", "1"]
 
 
+# Ansible's templar runs in a child process: importing ansible patches sys.intern, which breaks a later
+# torch._dynamo import in this pytest process.
+RENDER_LAUNCH_ARGS = """
+import json, sys, yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+launch_vars = yaml.safe_load(open(sys.argv[1]).read())
+templar = Templar(loader=DataLoader(), variables=json.loads(sys.argv[2]))
+print(json.dumps(list(templar.template(trust_as_template(launch_vars["launch_args"])))))
+"""
+
+
 @pytest.mark.parametrize("balance", [True, False])
 def test_launch_args_rendered_by_ansible_are_the_argv_the_check_validates(balance):
     """roles/launch/vars/main.yml's launch_args, rendered by Ansible's own templar, against trainer_argv:
     the same flags in the same order (node paths and the run id are placeholders in the check)."""
-    import yaml
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar, trust_as_template
+    import json
+    import subprocess
+    import sys
 
     from ddplab.settings.external import trainer_argv
     from ddplab.settings.validate import resolve
@@ -189,13 +201,13 @@ def test_launch_args_rendered_by_ansible_are_the_argv_the_check_validates(balanc
     given = {"ddplab_trainer_extra_args": ["--lr", "0.01"], "ddplab_balance": balance}
     values, _ = resolve(given, "/r/playbooks")
     repo = Path(__file__).resolve().parents[2]
-    launch_vars = yaml.safe_load((repo / "roles" / "launch" / "vars" / "main.yml").read_text())
     node = {"ddplab_byo": False, "ddplab_lab": {"data": "/r/data/shards"}, "ddplab_run_dir": "run",
             "ddplab_run": "run-check", "ddplab_trainer_steps": values["ddplab_trainer_steps"],
             "ddplab_trainer_depth": values["ddplab_trainer_depth"], "ddplab_entrypoint_args": [],
             "ddplab_pg_timeout": values["ddplab_pg_timeout"], "ddplab_balance": balance,
             "ddplab_trainer_extra_args": values["ddplab_trainer_extra_args"]}
-    templar = Templar(loader=DataLoader(), variables=node)
-    rendered = templar.template(trust_as_template(launch_vars["launch_args"]))
+    proc = subprocess.run([sys.executable, "-c", RENDER_LAUNCH_ARGS, str(repo / "roles/launch/vars/main.yml"),
+                           json.dumps(node)], capture_output=True, text=True, timeout=60, check=True)
+    rendered = json.loads(proc.stdout)
     assert [*rendered, "--threads", "1"] == trainer_argv(values)
     assert ("--balance" in rendered) is balance

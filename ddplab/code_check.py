@@ -1,0 +1,310 @@
+"""`python -m ddplab code-check --code-dir DIR --entrypoint E`: CPU check of the user's code, before launch.
+
+A static scan (Python `ast`; nothing is imported or run) of the entry point (`train.py` or
+`-m pkg.mod`) and of the modules it imports from the code folder (`import x.y`, `from x import y`,
+`from . import y`, followed transitively). The patterns are in ddplab/cpu_patterns.py. A finding is an
+*error* when it certainly fails or makes the run not a DDP run, in code reached from the entry point (module
+top levels, and the functions and classes they name, transitively); the same pattern in code not seen
+reached is a *warning*, as are the patterns that only may misbehave.
+Output: one line per finding (`ddplab: error: train.py:112: ...; why; patch: ...`), errors first, then a
+summary line. Exit 0: no error (warnings allowed); 1: errors (playbooks/prepare.yml refuses the launch);
+2: bad input.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ddplab.cpu_patterns import Finding, dotted, scan_unit
+from ddplab.errors import DdplabError
+
+FuncNode = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@dataclass
+class Module:
+    name: str
+    rel: str
+    source: str
+    tree: ast.Module
+    package: str
+    # local name -> ("def", node) | ("module", name) | ("from", module, attribute)
+    symbols: dict = field(default_factory=dict)
+
+
+class Program:
+    """The entry module and every module of the code folder it imports, parsed."""
+
+    def __init__(self, code_dir: Path, roots: list[Path]):
+        self.code_dir, self.roots = code_dir.resolve(), [r.resolve() for r in roots]
+        self.modules: dict[str, Module] = {}
+        self.broken: list[Finding] = []
+        self.queue: list[tuple[str, Path]] = []
+
+    def find(self, name: str) -> Path | None:
+        rel = Path(*name.split("."))
+        for root in self.roots:
+            for cand in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+                if cand.is_file() and cand.resolve().is_relative_to(self.code_dir):
+                    return cand
+        return None
+
+    def want(self, name: str) -> bool:
+        """Queue a module of the code folder (and its parent packages, run on import); True if it is one."""
+        parts = name.split(".") if name else []
+        for i in range(1, len(parts) + 1):
+            sub = ".".join(parts[:i])
+            path = self.find(sub)
+            if path is not None and sub not in self.modules and all(q != sub for q, _ in self.queue):
+                self.queue.append((sub, path))
+        return bool(name) and self.find(name) is not None
+
+    def load_all(self, entry_name: str, entry_path: Path) -> None:
+        self.queue.append((entry_name, entry_path))
+        while self.queue:
+            name, path = self.queue.pop(0)
+            if name not in self.modules:
+                self.load(name, path)
+
+    def load(self, name: str, path: Path) -> None:
+        rel = str(path.resolve().relative_to(self.code_dir))
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(source, filename=rel)
+        except SyntaxError as e:
+            self.broken.append(Finding(rel, e.lineno or 1, "syntax", "error",
+                                       f"Python cannot parse it ({e.msg})", "every rank fails on import",
+                                       "fix the syntax"))
+            return
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        if name == "__main__":
+            package = ""
+        mod = Module(name, rel, source, tree, package)
+        self.modules[name] = mod
+        for node in tree.body:
+            for sub in ([node] if not isinstance(node, (ast.If, ast.Try)) else ast.walk(node)):
+                if isinstance(sub, (*FuncNode, ast.ClassDef)):
+                    mod.symbols[sub.name] = ("def", sub)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    self.want(alias.name)
+                    local = alias.asname or alias.name.split(".")[0]
+                    mod.symbols.setdefault(local, ("module", alias.name if alias.asname else local))
+            elif isinstance(node, ast.ImportFrom):
+                base = self.absolute(mod, node)
+                if base is None:
+                    continue
+                self.want(base)
+                for alias in node.names:
+                    if alias.name == "*":
+                        continue
+                    full = f"{base}.{alias.name}" if base else alias.name
+                    is_module = self.want(full)
+                    mod.symbols.setdefault(alias.asname or alias.name,
+                                           ("module", full) if is_module else ("from", base, alias.name))
+
+    @staticmethod
+    def absolute(mod: Module, node: ast.ImportFrom) -> str | None:
+        if not node.level:
+            return node.module or ""
+        parts = mod.package.split(".") if mod.package else []
+        if node.level - 1 > len(parts) or (not parts and node.level):
+            return None  # a relative import above the code folder: Python refuses it too
+        base = parts[: len(parts) - (node.level - 1)]
+        return ".".join(base + ([node.module] if node.module else []))
+
+    def resolve(self, mod: Module, parts: list[str], depth: int = 0):
+        """The function or class a dotted name of `mod` stands for, when it is defined in the code folder."""
+        sym = mod.symbols.get(parts[0]) if parts and depth < 8 else None
+        if sym is None:
+            return None
+        if sym[0] == "def":
+            return sym[1] if len(parts) == 1 else None
+        if sym[0] == "module":
+            return self.resolve_in(sym[1], parts[1:], depth + 1)
+        return self.resolve_in(sym[1], [sym[2], *parts[1:]], depth + 1)
+
+    def resolve_in(self, modname: str, parts: list[str], depth: int):
+        if not parts:
+            return None
+        sub = f"{modname}.{parts[0]}" if modname else parts[0]
+        if sub in self.modules:
+            return self.resolve_in(sub, parts[1:], depth + 1)
+        mod = self.modules.get(modname)
+        return self.resolve(mod, parts, depth + 1) if mod else None
+
+
+def units_of(mod: Module) -> list[tuple[ast.AST, ast.ClassDef | None]]:
+    """Every function not nested in another function, with its class (methods) or None."""
+    out = []
+
+    def walk(node, cls):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, FuncNode):
+                out.append((child, cls))
+            elif isinstance(child, ast.ClassDef):
+                walk(child, child)
+            elif not isinstance(child, ast.expr):
+                walk(child, cls)
+    walk(mod.tree, None)
+    return out
+
+
+def references(node: ast.AST, skip_defs: bool):
+    """Dotted names used in a body (a module's top level skips its functions' bodies)."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, (ast.Name, ast.Attribute)):
+            name = dotted(cur)
+            if name:
+                yield name.split(".")
+        for child in ast.iter_child_nodes(cur):
+            if skip_defs and isinstance(child, FuncNode):
+                stack.extend(child.decorator_list)
+                continue
+            stack.append(child)
+
+
+def assignments(body: ast.AST, skip_defs: bool, params=()) -> dict:
+    out: dict = {p: [ast.Name("<parameter>")] for p in params}
+    for name, value in _assigns(body, skip_defs):
+        out.setdefault(name, []).append(value)
+    return out
+
+
+def _assigns(node, skip_defs):
+    for child in ast.iter_child_nodes(node):
+        if skip_defs and isinstance(child, FuncNode):
+            continue
+        if isinstance(child, ast.Assign):
+            for t in child.targets:
+                if isinstance(t, ast.Name):
+                    yield t.id, child.value
+        elif isinstance(child, (ast.AugAssign, ast.AnnAssign)) and isinstance(child.target, ast.Name):
+            known = isinstance(child, ast.AnnAssign) and child.value
+            yield child.target.id, child.value if known else ast.Name("?")
+        yield from _assigns(child, skip_defs)
+
+
+def check(code_dir: str, entrypoint: str) -> dict:
+    """Findings of the program started by `entrypoint` in `code_dir` (see the module docstring)."""
+    root = Path(code_dir).expanduser()
+    if not root.is_dir():
+        raise DdplabError(f"ddplab_code_dir {code_dir}: not a folder on the control host; "
+                          "set it to the checkout of your training code")
+    entry = entrypoint.strip()
+    if entry.startswith("-m"):
+        name = entry[2:].strip()
+        prog = Program(root, [root])
+        path = prog.find(name)
+        if path is not None and path.name == "__init__.py" and (path.parent / "__main__.py").is_file():
+            prog.want(name)  # `-m pkg` imports pkg, then runs pkg/__main__.py
+            name, path = f"{name}.__main__", path.parent / "__main__.py"
+        if path is None:
+            return {"entry": entry, "files": [], "findings": [],
+                    "note": f"module {name} is not in the code folder"}
+        prog.load_all(name, path)
+    else:
+        path = root / entry
+        if not path.is_file():
+            raise DdplabError(f"ddplab_entrypoint {entry}: no such file in ddplab_code_dir {code_dir}; "
+                              "give a script path relative to that folder or -m package.module")
+        prog = Program(root, [path.parent, root])
+        prog.load_all("__main__", path)
+    findings = judge(prog)
+    return {"entry": entry, "files": sorted(m.rel for m in prog.modules.values()), "findings": findings}
+
+
+def judge(prog: Program) -> list[Finding]:
+    ddp_names = {"DistributedDataParallel"} | {
+        a.asname for m in prog.modules.values() for n in ast.walk(m.tree) if isinstance(n, ast.ImportFrom)
+        for a in n.names if a.name == "DistributedDataParallel" and a.asname}
+    units = {}  # id(node) -> (module, node, class, is module top level)
+    for mod in prog.modules.values():
+        units[id(mod.tree)] = (mod, mod.tree, None, True)
+        for fn, cls in units_of(mod):
+            units[id(fn)] = (mod, fn, cls, False)
+    methods: dict[int, list] = {}
+    for _mod, node, cls, _top in units.values():
+        if cls is not None:
+            methods.setdefault(id(cls), []).append(node)
+    reached, todo = set(), [id(m.tree) for m in prog.modules.values()]
+    while todo:
+        key = todo.pop()
+        if key in reached:
+            continue
+        reached.add(key)
+        mod, node, _cls, top = units[key]
+        for parts in references(node, skip_defs=top):
+            target = prog.resolve(mod, parts)
+            if isinstance(target, FuncNode) and id(target) in units:
+                todo.append(id(target))
+            elif isinstance(target, ast.ClassDef):
+                todo.extend(id(m) for m in methods.get(id(target), []))
+    findings = list(prog.broken)
+    pg_calls = []
+    for key, (mod, node, _cls, top) in units.items():
+        mod_assigns = assignments(mod.tree, skip_defs=True)
+        config_exec = any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+                          and dotted(n.value.func) == "exec" for n in mod.tree.body)
+        if top:
+            stmts, assigns = mod.tree.body, mod_assigns
+        else:
+            params = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+            stmts, assigns = node.body, {**mod_assigns, **assignments(node, False, params)}
+        scan = scan_unit(mod.rel, mod.source, stmts, ddp_names, assigns, config_exec, skip_defs=top)
+        for f in scan.findings:
+            f.reached = key in reached
+            findings.append(f)
+        pg_calls += [(mod.rel, line, guarded, src, key in reached) for line, guarded, src in scan.pg_calls]
+    if pg_calls and all(guarded for _r, _l, guarded, _s, _x in pg_calls):
+        rel, line, _g, src, was_reached = pg_calls[0]
+        findings.append(Finding(
+            rel, line, "pg-only-on-cuda", "error", f"the only process group ({src}) is created on CUDA alone",
+            "on CPU nodes no group is made: each rank trains alone, or fails at its first collective",
+            'create it whenever DDP is requested: init_process_group(backend="nccl" if device_type == "cuda" '
+            'else "gloo"), with torch.cuda.set_device only on CUDA', was_reached))
+    for f in findings:
+        if f.severity == "error" and not f.reached:
+            f.severity, f.why = "warning", f.why + " (in code not seen called from the entry point)"
+    unique = {(f.path, f.line, f.kind): f for f in findings}
+    return sorted(unique.values(), key=lambda f: (f.severity != "error", f.path, f.line, f.kind))
+
+
+def report_lines(result: dict) -> list[str]:
+    found = result["findings"]
+    errors = sum(f.severity == "error" for f in found)
+    lines = [f.text() for f in found]
+    summary = (f"ddplab: code check of {result['entry']} ({len(result['files'])} files: "
+               f"{', '.join(result['files']) or result.get('note', '')}): "
+               f"{errors} errors, {len(found) - errors} warnings")
+    lines.append(summary)
+    if errors:
+        lines.append("ddplab: the launch is refused before any rank starts: patch the lines above, "
+                     "or set ddplab_code_check: false to launch anyway")
+    return lines
+
+
+def cmd_code_check(args) -> int:
+    result = check(args.code_dir, args.entrypoint)
+    if args.json:
+        json.dump({**result, "findings": [asdict(f) for f in result["findings"]]}, sys.stdout)
+        print()
+    else:
+        print("\n".join(report_lines(result)))
+    return 1 if any(f.severity == "error" for f in result["findings"]) else 0
+
+
+def add_parser(sub):
+    p = sub.add_parser("code-check", help="static CPU/gloo check of the user's code (no import, no run)")
+    p.add_argument("--code-dir", required=True, help="ddplab_code_dir: the checkout of the training code")
+    p.add_argument("--entrypoint", required=True,
+                   help='ddplab_entrypoint: "train.py" or "-m pkg.mod" (write --entrypoint="-m pkg.mod")')
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.set_defaults(func=cmd_code_check)

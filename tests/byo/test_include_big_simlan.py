@@ -1,0 +1,71 @@
+"""Git-ignored data shipped with ddplab_code_include on 2 simulated hosts: a data folder of 1 GiB (8 files)
+synced once, then one file changed: only that file travels. The times are printed (pytest -s) for the
+record; DDPLAB_BIG_DATA_MB sets the size."""
+
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers.playbooks import playbook, tail
+
+pytestmark = [pytest.mark.slow, pytest.mark.simlan]
+
+TOTAL_MB = int(os.environ.get("DDPLAB_BIG_DATA_MB", "1024"))
+PARTS = 8
+
+
+def git(cwd, *args):
+    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, timeout=60)
+
+
+def copied(proc) -> set[str]:
+    """The files the code sync copied (its 'Copy the files that differ' items that changed)."""
+    section = proc.stdout.split("Copy the files that differ", 1)[1].split("TASK [", 1)[0]
+    return set(re.findall(r"changed: \[node\d\] => \(item=(\S+)\)", section))
+
+
+def test_a_big_ignored_data_folder_travels_once_then_only_the_changed_file(simlan_cluster, tmp_path):
+    cluster = simlan_cluster(2)
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / "train.py").write_text("print('data only')\n")
+    (repo / ".gitignore").write_text("data/\n")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code")
+    block = os.urandom(1 << 20)
+    for i in range(PARTS):
+        with open(repo / "data" / f"part{i}.bin", "wb") as f:
+            for _ in range(TOTAL_MB // PARTS):
+                f.write(block)
+    extra = {"ddplab_data_dir": "", "ddplab_code_dir": repo, "ddplab_entrypoint": "train.py",
+             "ddplab_runs_dir": tmp_path / "runs"}
+    include = '{"ddplab_code_include": ["data/*.bin"]}'
+    try:
+        t0 = time.monotonic()
+        first = playbook("prepare.yml", "--tags", "code", "-e", include, inventory=cluster.inventory_dir,
+                         extra=extra, timeout=1200)
+        t_first = time.monotonic() - t0
+        assert first.returncode == 0, tail(first)
+        assert {f"user/data/part{i}.bin" for i in range(PARTS)} <= copied(first)
+        with open(repo / "data" / "part3.bin", "r+b") as f:
+            f.write(b"changed")
+        t0 = time.monotonic()
+        second = playbook("prepare.yml", "--tags", "code", "-e", include, inventory=cluster.inventory_dir,
+                          extra=extra, timeout=1200)
+        t_second = time.monotonic() - t0
+        assert second.returncode == 0, tail(second)
+        assert copied(second) == {"user/data/part3.bin"}
+        for host in ("node0", "node1"):
+            sums = cluster.exec(host, ["sha256sum", "/root/ddplab/code/user/data/part3.bin"], timeout=120,
+                                check=True).stdout.split()[0]
+            local = subprocess.run(["sha256sum", str(repo / "data" / "part3.bin")], capture_output=True,
+                                   text=True, check=True).stdout.split()[0]
+            assert sums == local
+        print(f"\nddplab_code_include {TOTAL_MB} MiB in {PARTS} files to 2 hosts: first sync "
+              f"{t_first:.1f} s (prepare.yml --tags code), one file changed: {t_second:.1f} s")
+    finally:
+        simlan_cluster.discard()  # 1 GiB in each host's lab folder
