@@ -6,8 +6,11 @@ DATA   ?= data/shards
 # make train STEPS=.. DEPTH=..: passed to the trainer only when given (its own defaults otherwise).
 STEPS  ?=
 DEPTH  ?=
+# make wheelhouse: the folder (ddplab_wheelhouse_dir), the nodes' Python versions, an inventory to read them from.
+WHEELHOUSE ?= wheelhouse
+PYTHONS ?= 3.11
 
-.PHONY: help setup lint test test-fast data train demo follow bench bench-hetero bench-trainer bench-preflight clean
+.PHONY: help setup lint test test-fast data wheelhouse train demo follow bench bench-hetero bench-trainer bench-preflight clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -32,6 +35,9 @@ test-fast: setup  ## Tests without the slow and simlan markers
 
 data: setup  ## Generate the default deterministic corpus as parquet shards
 	$(BIN)/python -m trainer.data prepare --out $(DATA)
+
+wheelhouse: setup  ## The pinned CPU torch + deps, once, for the nodes' Pythons (PYTHONS="3.11 3.12", INV=inventory/<yours>)
+	$(BIN)/python -m ddplab.wheelhouse fill --dir $(WHEELHOUSE) $(foreach p,$(PYTHONS),--python $(p)) $(if $(INV),-i $(INV))
 
 train: data  ## Single machine, 2 ranks, no Ansible
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --data $(DATA) --out runs/train-$$(date +%Y%m%d-%H%M%S) \

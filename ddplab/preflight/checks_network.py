@@ -37,6 +37,14 @@ def iface(j: Judge, h: str) -> None:
         j.set(h, "iface", OK, f"{desc}, IPv4, same subnet{note}")
 
 
+def pinned_iface(j: Judge, h: str) -> str | None:
+    """The interface gloo is pinned to: ddplab exports GLOO_SOCKET_IFNAME = the route's interface toward
+    the master, so when the iface check passed, gloo never resolves the hostname to pick an address."""
+    r = j.probe(h, "iface") or {}
+    cell = j.rows[h].get("iface") or {}
+    return r.get("dev") if cell.get("status") == OK and r.get("dev") and not r.get("dev_loopback") else None
+
+
 def hostname(j: Judge, h: str) -> None:
     r = j.need(h, "hostname", "resolve")
     if not r:
@@ -52,8 +60,13 @@ def hostname(j: Judge, h: str) -> None:
         j.fail(h, "hostname", f"{name} resolves first to IPv6 {r['first']['address']} (all: {addrs}): "
                                  "gloo mixes families (ss_family 10 vs 2)",
                   f"{fix}, and export GLOO_SOCKET_IFNAME=<its IPv4 LAN interface>")
+    elif r.get("any_loopback") and not j.all_local and pinned_iface(j, h):
+        # a stock Debian/Ubuntu /etc/hosts line (127.0.1.1 <hostname>); measured harmless with the pin
+        j.set(h, "hostname", OK, f"{name} -> {addrs}; harmless: GLOO_SOCKET_IFNAME={pinned_iface(j, h)} "
+                                 "pins gloo to that interface, so the hostname is not used", note="info")
     elif r.get("any_loopback") and not j.all_local:
-        j.fail(h, "hostname", f"{name} resolves to loopback ({addrs}): gloo would use loopback", fix)
+        j.fail(h, "hostname", f"{name} resolves to loopback ({addrs}) and gloo's interface is not pinned "
+                              "(iface check failed): gloo would use loopback", fix)
     elif r.get("first_is_local") is False:
         j.fail(h, "hostname", f"{name} resolves to {addrs}, not an address of {h}", fix)
     else:

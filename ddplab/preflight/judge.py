@@ -66,8 +66,12 @@ class Judge:
     def probe(self, host: str, name: str) -> dict | None:
         return self.probes.get(host, {}).get(name)
 
-    def set(self, host: str, check: str, status: str, detail: str = "", fix: str = "") -> None:
+    def set(self, host: str, check: str, status: str, detail: str = "", fix: str = "",
+            note: str = "") -> None:
+        """note: "info" or "warning" for a passing cell worth a line under the table."""
         self.rows[host][check] = {"status": status, "detail": detail, "fix": fix}
+        if note:
+            self.rows[host][check]["note"] = note
 
     def fail(self, host: str, check: str, detail: str, fix: str = "") -> None:
         # several findings for one cell are joined, the first fix first

@@ -91,6 +91,11 @@ def table(result: dict) -> str:
     for c in CHECKS:
         cells = [result["hosts"][h][c]["status"].replace(NA, "-") for h in hosts]
         lines.append("  ".join([c.ljust(width)] + [x.ljust(w) for x, w in zip(cells, cols, strict=True)]))
+    for h in hosts:
+        for c in CHECKS:
+            cell = result["hosts"][h][c]
+            if cell.get("note"):
+                lines.append(f"{cell['note'].upper()} {h} {c}: {cell['detail']}")
     for f in result["failures"]:
         lines.append(f"FAIL {f['host']} {f['check']}: {f['detail']}")
         if f["fix"]:

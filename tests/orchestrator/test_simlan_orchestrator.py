@@ -14,12 +14,14 @@ import time
 
 import pytest
 
+from simlan.network import GATEWAY  # the control host's address on the bridge
 from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 PORT = 29500
-COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 30}
+# firewall_enable: ufw starts inactive on these hosts; turned on, its rules are what the ufw test reads.
+COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 30, "firewall_enable": "true"}
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +90,10 @@ def test_ufw_allows_exactly_the_peers(simlan2, lab, first_launch):
         assert "Status: active" in status
         rules = [line.split() for line in status.splitlines()[4:] if line.strip()]
         allowed_from = sorted(r[2] for r in rules if r[0] == "Anywhere" and r[1] == "ALLOW")
-        assert allowed_from == [peer], status
-        assert all(r[0].startswith("22/tcp") for r in rules if r[0] != "Anywhere"), status
+        assert allowed_from == [f"{peer}/tcp"], status  # TCP from the peer only
+        # no SSH rule existed, so ufw was turned on with SSH allowed from the control host's address only
+        ssh = [r for r in rules if r[0] != "Anywhere"]
+        assert ssh and all(r[0] == "22/tcp" and r[2] == GATEWAY for r in ssh), status
 
 
 def test_second_prepare_changes_nothing_and_check_diff_is_clean(simlan2, lab, first_launch):
