@@ -91,6 +91,10 @@ SETTINGS: tuple[Setting, ...] = (
             "nothing is copied or checked."),
     Setting("ddplab_runs_dir", "str", "{{ ddplab_repo_dir }}/runs",
             "Control-side folder where runs are collected (runs/<run_id>/)."),
+    Setting("ddplab_wheelhouse_dir", "str", "{{ ddplab_repo_dir }}/wheelhouse",
+            "Control-side wheel folder (`make wheelhouse` fills it: the pinned CPU torch and its "
+            "dependencies); pushed to a node that needs a venv and installed offline. Missing: pip "
+            "uses the index."),
     Setting("ddplab_trainer_steps", "int", 50, "Built-in trainer: optimizer steps (--steps).", min=1),
     Setting("ddplab_trainer_depth", "int", 2, "Built-in trainer: transformer blocks (--depth).", min=1),
     Setting("ddplab_trainer_extra_args", "list", [],
@@ -114,6 +118,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_resume", "bool", False,
             "launch.yml: continue the run from its newest valid checkpoint on the master (also automatic "
             "when a reused ddplab_run_id finds checkpoints)."),
+    Setting("ddplab_firewall_cleanup", "bool", False,
+            "stop.yml: also remove every firewall rule ddplab added (tagged 'ddplab')."),
     Setting("ddplab_wait", "bool", False,
             "launch.yml: follow the run to its end (a progress line every ddplab_wait_poll s), then collect "
             "the logs into runs/<run_id>/ and fail if a rank did not exit 0."),
