@@ -106,6 +106,10 @@ def _consistency(values: dict[str, dict]) -> list[Problem]:
 
 
 # Run-wide checks and the settings each reads: a check runs only when all of them are well typed.
+# The control host's inputs (code, shards, trainer flags, the torch pin) are checked only for the
+# playbooks that use them ("inputs": true, the default); status, stop, collect_logs and wait only watch
+# a run and must work without the shards on this host.
+INPUT_CHECKS = ("code", "shards", "trainer_args")
 RUN_CHECKS = (
     (inputs.relations, ("ddplab_code_dir", "ddplab_entrypoint", "ddplab_data_dir",
                         "ddplab_pip_requirements", "ddplab_entrypoint_args")),
@@ -162,10 +166,11 @@ def validate(inv: dict, *, network: bool = True) -> list[Problem]:
     first = values[full[0]]
     problems += unknown(names, first.get("ddplab_strict", True))
     problems += _consistency(values)
+    check_inputs = str(inv.get("inputs", True)).strip().lower() not in ("false", "no", "0")
     for check, needs in RUN_CHECKS:
-        if not bad.intersection(needs):
+        if not bad.intersection(needs) and (check_inputs or check.__name__ not in INPUT_CHECKS):
             problems += check(first)
-    if network and not bad.intersection(("ddplab_torch_version", "ddplab_pip_index_url",
+    if check_inputs and network and not bad.intersection(("ddplab_torch_version", "ddplab_pip_index_url",
                                          "ddplab_pip_find_links")):
         problems += external.torch_pin(first)
     for h in nodes:

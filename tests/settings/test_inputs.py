@@ -211,3 +211,15 @@ def test_launch_args_rendered_by_ansible_are_the_argv_the_check_validates(balanc
     rendered = json.loads(proc.stdout)
     assert [*rendered, "--threads", "1"] == trainer_argv(values)
     assert ("--balance" in rendered) is balance
+
+
+def test_watching_playbooks_do_not_need_the_inputs(data, tmp_path):
+    """status/stop/collect_logs/wait validate with inputs false: no shards or code folder needed here."""
+    gone = tmp_path / "no-shards"
+    inv = inventory(data, ddplab_data_dir=str(gone))
+    assert "does not exist" in one_error(inv, "ddplab_data_dir")
+    assert errors({**inv, "inputs": False}) == []
+    assert errors({**inv, "inputs": "false"}) == []
+    # the settings themselves are still checked
+    bad = inventory(data, ddplab_data_dir=str(gone), ddplab_master_port=99999)
+    assert "ddplab_master_port" in " ".join(errors({**bad, "inputs": False}))
