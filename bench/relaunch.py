@@ -170,12 +170,14 @@ def main(argv=None) -> int:
         return 2
     logs = REPO / "runs" / f"bench-relaunch-{time.strftime('%Y%m%d-%H%M%S')}"
     logs.mkdir(parents=True, exist_ok=True)
+    results = []
     try:
-        results = [bench_hosts(n, a.rounds, a.steps, logs) for n in a.hosts]
+        for n in a.hosts:
+            results.append(bench_hosts(n, a.rounds, a.steps, logs))
+            write(results)  # each host count as soon as it is measured: a later failure keeps it
     except (BenchError, subprocess.TimeoutExpired) as e:
         print(f"bench/relaunch.py: error: {e}", file=sys.stderr)
         return 1
-    write(results)
     return 0
 
 
