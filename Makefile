@@ -62,5 +62,8 @@ bench-hetero: setup  ## Balanced vs uniform DDP, node1 at half a core (root, ~6 
 bench-trainer: setup  ## 1 vs 2 ranks on this machine against a textbook DDP loop
 	$(BIN)/python bench/trainer_scaling.py
 
+bench-relaunch: data  ## launch.yml vs bare ssh+tmux on a prepared lab, 2 and 8 simulated hosts (root)
+	$(BIN)/python bench/relaunch.py --hosts 2 8 --rounds 3
+
 bench-preflight: setup  ## Preflight wall time, healthy and per fault, on simulated hosts (root)
 	$(BIN)/python bench/preflight_bench.py
