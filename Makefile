@@ -10,7 +10,7 @@ DEPTH  ?=
 WHEELHOUSE ?= wheelhouse
 PYTHONS ?= 3.11
 
-.PHONY: help setup lint test test-fast data wheelhouse train demo follow bench bench-hetero bench-trainer bench-preflight clean
+.PHONY: help setup lint test test-fast data wheelhouse train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
