@@ -72,7 +72,8 @@ def _unsafe_manifest(lab):
     m = json.loads((lab["data"] / "manifest.json").read_text())
     m["files"][0]["file"] = "../" + m["files"][0]["file"]
     (lab["data"] / "manifest.json").write_text(json.dumps(m))
-    return [], f"{lab['data']}/manifest.json (control host): unsafe file names"
+    bad = m["files"][0]["file"]
+    return [], f"{lab['data']}/manifest.json (control host): manifest entry {bad!r} is not a plain file name"
 
 
 def _changed_shard(lab):
