@@ -10,8 +10,6 @@ interrupted build never leaves a half cache."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -20,6 +18,7 @@ import time
 from pathlib import Path
 
 from simlan.errors import SimlanError
+from simlan.state import flock_file
 from simlan.system import which
 
 CACHE_DIR = Path(os.environ.get("SIMLAN_ROOTFS_CACHE", "/var/cache/ddplab-simlan"))
@@ -115,23 +114,10 @@ def ensure(log=print) -> Path:
     return rootfs_dir()
 
 
-@contextlib.contextmanager
 def _build_lock(timeout: float = BUILD_TIMEOUT):
-    with open(CACHE_DIR / "build.lock", "a") as fh:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SimlanError(f"{CACHE_DIR / 'build.lock'}: another simlan has been building the "
-                                      f"stock root filesystem for over {timeout:g} s; wait for it") from None
-                time.sleep(0.5)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return flock_file(CACHE_DIR / "build.lock", timeout,
+                      f"{CACHE_DIR / 'build.lock'}: another simlan has been building the stock root "
+                      f"filesystem for over {timeout:g} s; wait for it", poll=0.5)
 
 
 def _mounts_under(path: Path) -> list[str]:

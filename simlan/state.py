@@ -44,10 +44,8 @@ def save(state: Path, data: dict) -> None:
 
 
 @contextlib.contextmanager
-def locked(state: Path, timeout: float = 60.0):
-    """Hold an exclusive lock beside the state directory (it survives `down` removing the directory)."""
-    lock_path = state.parent / f"{state.name}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+def flock_file(lock_path: Path, timeout: float, busy: str, code: int = 1, poll: float = 0.1):
+    """Hold an exclusive flock on lock_path; after `timeout` s of waiting, SimlanError(busy)."""
     with open(lock_path, "a") as fh:
         deadline = time.monotonic() + timeout
         while True:
@@ -56,11 +54,19 @@ def locked(state: Path, timeout: float = 60.0):
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise SimlanError(
-                        f"another simlan command holds {lock_path} for more than {timeout:g} s; "
-                        "wait for it to finish", code=2) from None
-                time.sleep(0.1)
+                    raise SimlanError(busy, code=code) from None
+                time.sleep(poll)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def locked(state: Path, timeout: float = 60.0):
+    """Hold an exclusive lock beside the state directory (it survives `down` removing the directory)."""
+    lock_path = state.parent / f"{state.name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with flock_file(lock_path, timeout, f"another simlan command holds {lock_path} for more than "
+                    f"{timeout:g} s; wait for it to finish", code=2):
+        yield
