@@ -31,13 +31,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.scaling_lab import run_in_hosts  # noqa: E402
 
 MODEL = ["--depth", "2", "--seq-len", "128", "--threads", "1", "--log-every", "5", "--check-every", "0",
          "--straggler-every", "10", "--pg-timeout-s", "300", "--lr", "3e-3"]
@@ -137,25 +138,7 @@ class Bench:
         print(prepare(self.val_data, None, 256, 64, 4, seed=12345), flush=True)
 
     def run_hosts(self, argv_for, names, rdir: Path):
-        procs = []
-        for i, name in enumerate(names):
-            log = open(rdir / f"{name}.log", "w")  # noqa: SIM115 (closed below)
-            p = self.cluster.popen(name, argv_for(i), stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
-            procs.append((name, log, p))
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        failed = []
-        for name, log, p in procs:
-            try:
-                p.wait(timeout=max(1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            log.close()
-            if p.returncode != 0:
-                failed.append(f"{name} exit {p.returncode}: {(rdir / (name + '.log')).read_text()[-400:]}")
-        if failed:
-            raise RuntimeError("; ".join(failed))
+        run_in_hosts(self.cluster, argv_for, names, rdir, RUN_TIMEOUT_S)
 
     def run(self, config: str, rnd: int) -> dict:
         rdir = self.dir / "raw" / f"round{rnd}" / config

@@ -72,6 +72,31 @@ class BenchError(RuntimeError):
     pass
 
 
+def run_in_hosts(cluster, argv_for, names, log_dir: Path, timeout: float = RUN_TIMEOUT_S) -> None:
+    """Start argv_for(i) inside each simlan host at once; wait for all; raise BenchError naming the failed
+    node with its log's tail (logs in log_dir/<host>.log). Also used by bench/hetero.py."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i, name in enumerate(names):
+        log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 (closed below)
+        p = cluster.popen(name, argv_for(i), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        procs.append((name, log, p))
+    deadline = time.monotonic() + timeout
+    failed = []
+    for name, log, p in procs:
+        try:
+            p.wait(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        log.close()
+        if p.returncode != 0:
+            failed.append(f"{name} exit {p.returncode} (log {log_dir / (name + '.log')}: "
+                          f"{(log_dir / (name + '.log')).read_text()[-400:].strip()})")
+    if failed:
+        raise BenchError("; ".join(failed))
+
+
 def rate_bps(rate: str | None) -> float | None:
     if not rate:
         return None
@@ -145,28 +170,7 @@ class Lab:
 
     # --- runs ---------------------------------------------------------------------------------------------
     def run_nodes(self, argv_for, names, log_dir: Path, timeout=RUN_TIMEOUT_S):
-        """Start argv_for(i) inside each host at once; wait for all; raise naming the failed node."""
-        log_dir.mkdir(parents=True, exist_ok=True)
-        procs = []
-        for i, name in enumerate(names):
-            log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 (closed below)
-            p = self.cluster.popen(name, argv_for(i), stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
-            procs.append((name, log, p))
-        deadline = time.monotonic() + timeout
-        failed = []
-        for name, log, p in procs:
-            try:
-                p.wait(timeout=max(1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            log.close()
-            if p.returncode != 0:
-                failed.append(f"{name} exit {p.returncode} (log {log_dir / (name + '.log')}: "
-                              f"{(log_dir / (name + '.log')).read_text()[-400:].strip()})")
-        if failed:
-            raise BenchError("; ".join(failed))
+        run_in_hosts(self.cluster, argv_for, names, log_dir, timeout)
 
     def trainer_run(self, size: str, label: str, nodes: int, per_node: int, comm: str, steps: int,
                     attempt: int = 0):
