@@ -20,6 +20,24 @@ import shlex
 import shutil
 from pathlib import Path
 
+# The end of every host's init.sh (root and stock hosts): start sshd, then reap orphans forever.
+SSHD_AND_REAP = r"""/usr/sbin/sshd -t -f "$SSHD_CONFIG"
+# Job control on: background jobs then keep SIGINT/SIGQUIT at their defaults (bash ignores them in
+# background jobs otherwise, and sshd would pass that on to every login).
+set -m
+/usr/sbin/sshd -D -e -f "$SSHD_CONFIG" >>"$SSHD_LOG" 2>&1 </dev/null &
+say "up: $(hostname) eth0=$ADDR sshd pid $!"
+
+# PID 1 reaps every orphan of the host: bash's SIGCHLD handling collects any child, adopted
+# ones included, while it waits. PID 1 ignores signals from inside the host; `simlan down`
+# and `simlan kill-host` SIGKILL it from the root namespace, which ends every process here.
+set +e
+while :; do
+  sleep 3600 &
+  wait
+done
+"""
+
 # Runs as PID 1 under `unshare --mount --pid --uts --fork --mount-proc --propagation private`
 # inside the host's network namespace. Variables are rendered above this body.
 INIT_BODY = r"""
@@ -76,22 +94,7 @@ fi
 mkdir -p -m 755 /run/sshd
 mkdir -p -m 1777 /run/lock
 
-/usr/sbin/sshd -t -f "$SSHD_CONFIG"
-# Job control on: background jobs then keep SIGINT/SIGQUIT at their defaults (bash ignores them in
-# background jobs otherwise, and sshd would pass that on to every login).
-set -m
-/usr/sbin/sshd -D -e -f "$SSHD_CONFIG" >>"$SSHD_LOG" 2>&1 </dev/null &
-say "up: $(hostname) eth0=$ADDR sshd pid $!"
-
-# PID 1 reaps every orphan of the host: bash's SIGCHLD handling collects any child, adopted
-# ones included, while it waits. PID 1 ignores signals from inside the host; `simlan down`
-# and `simlan kill-host` SIGKILL it from the root namespace, which ends every process here.
-set +e
-while :; do
-  sleep 3600 &
-  wait
-done
-"""
+""" + SSHD_AND_REAP
 
 
 def render_init(*, host: str, addr: str, host_dir: Path, real_home: str, keep: list[str],

@@ -16,6 +16,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from simlan.hostinit import SSHD_AND_REAP
+
 LOGIN_USER = "lab"
 SSHD_CONFIG = "/etc/ssh/sshd_config"  # inside the host
 SSHD_LOG = "/var/log/sshd.log"  # inside the host; seen from outside in upper/var/log/sshd.log
@@ -83,19 +85,7 @@ HostKey /etc/ssh/ssh_host_ed25519_key
 PermitRootLogin no
 EOF
 
-/usr/sbin/sshd -t -f "$SSHD_CONFIG"
-# Job control on: background jobs keep SIGINT/SIGQUIT at their defaults (see simlan/hostinit.py).
-set -m
-/usr/sbin/sshd -D -e -f "$SSHD_CONFIG" >>"$SSHD_LOG" 2>&1 </dev/null &
-say "up: $(hostname) eth0=$ADDR sshd pid $!"
-
-# PID 1 reaps every orphan of the host; `simlan down` SIGKILLs it from the root namespace.
-set +e
-while :; do
-  sleep 3600 &
-  wait
-done
-"""
+""" + SSHD_AND_REAP
 
 
 def render_init(*, host: str, addr: str, host_dir: Path, lower: Path, syn_retries: int) -> str:
