@@ -8,6 +8,8 @@ entry point, or a rank that died before its first step) still gets a row with it
 
 import json
 import os
+import sys
+import tarfile
 from pathlib import Path
 
 from ddplab.errors import DdplabError
@@ -211,12 +213,47 @@ def write_report(run_dir, nodes=()):
     return files["report.md"]
 
 
+def unpack_archives(run_dir, nodes):
+    """Unpack each fetched ``<run_dir>/<node>.tgz`` (roles/logs) into ``<run_dir>/<node>/`` over what an
+    earlier collect left there, then remove it: one control-side step for every node, not three per node.
+    The archives come from the nodes: the ``data`` filter refuses absolute paths, links out of the folder
+    and device files, and drops setuid bits."""
+    run_dir = Path(run_dir)
+    unpacked = []
+    for node in nodes:
+        archive = run_dir / f"{node}.tgz"
+        if not archive.is_file():
+            continue
+        dest = run_dir / node
+        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(dest, filter="data")
+        except (OSError, tarfile.TarError) as e:
+            raise DdplabError(f"cannot unpack {archive} ({node}'s logs): {e}; collect the run again "
+                              "(playbooks/collect_logs.yml)") from e
+        archive.unlink()
+        unpacked.append(node)
+    return unpacked
+
+
 def cmd_report(args):
-    print(write_report(args.run_dir, [n for n in args.nodes.split(",") if n]))
+    nodes = [n for n in args.nodes.split(",") if n]
+    if args.unpack:
+        try:
+            unpack_archives(args.run_dir, [n for n in args.unpack.split(",") if n])
+        except DdplabError as e:  # exit 1, not 2: roles/logs takes 2 for "nothing to merge yet"
+            print(f"ddplab: error: {e}", file=sys.stderr)
+            return 1
+    if not args.no_report:
+        print(write_report(args.run_dir, nodes))
 
 
 def add_parser(sub):
     p = sub.add_parser("report", help="merge a collected run into report.md, summary.json, loss.png")
     p.add_argument("run_dir", help="runs/<run_id> as written by playbooks/collect_logs.yml")
     p.add_argument("--nodes", default="", help="every node of the lab, comma-separated")
+    p.add_argument("--unpack", default="", metavar="NODES",
+                   help="first unpack these nodes' fetched <run_dir>/<node>.tgz into <run_dir>/<node>/")
+    p.add_argument("--no-report", action="store_true", help="only unpack")
     p.set_defaults(func=cmd_report)

@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(verb, help=f"the preflight role's {what}, from a JSON spec on stdin "
                                   "(nodeprobe/preflight_node.py)")
 
+    for verb, what in (("launch-facts", "what a launch needs to know"),
+                       ("start-rank", "write the run's files and start the rank in tmux")):
+        sub.add_parser(verb, help=f"the launch role's {what}, from a JSON spec on stdin "
+                                  "(nodeprobe/start_rank.py)")
+
     r = sub.add_parser("route", help="interface, source address and hostname toward the master")
     r.add_argument("--master", required=True, help="master address")
 
@@ -122,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--run-dir", required=True)
     rs.add_argument("--socket", required=True, help="the lab's tmux socket")
     rs.add_argument("--session", required=True, help="tmux target of the run's session (=RUN)")
+    rs.add_argument("--wait", type=float, default=0, metavar="S",
+                    help="first wait up to S seconds for the rank's exit code (one poll of a wait)")
 
     vs = sub.add_parser("verify-shards", help="hash the shards a manifest names and compare (roles/dataset)")
     vs.add_argument("--dir", required=True, help="the node's shard folder")
@@ -140,6 +147,19 @@ def main(argv=None) -> int:
             return preflight_node.run(args.cmd, sys.stdin.read())
         except preflight_node.SpecError as e:
             parser.error(str(e))
+    if args.cmd in ("launch-facts", "start-rank"):
+        from nodeprobe import start_rank
+
+        try:
+            result = start_rank.run(args.cmd, sys.stdin.read())
+        except start_rank.SpecError as e:
+            parser.error(str(e))
+        except (OSError, RuntimeError) as e:  # one line naming what failed, no traceback
+            error = f"{type(e).__name__}: {e}"
+            print(json.dumps({"probe": args.cmd, "ok": False, "error": error}), flush=True)
+            return 1
+        print(json.dumps(result), flush=True)
+        return 0
     if args.cmd == "gloo-smoke":
         if not 0 <= args.rank < args.world:
             parser.error(f"--rank {args.rank} is outside 0..{args.world - 1}")
@@ -181,7 +201,7 @@ def dispatch(args):
     if args.cmd == "run-status":
         from nodeprobe import run_status
 
-        return run_status.run_status(args.run_dir, args.socket, args.session)
+        return run_status.run_status(args.run_dir, args.socket, args.session, args.wait)
     if args.cmd == "verify-shards":
         from nodeprobe import hashing
 

@@ -98,7 +98,7 @@ def wait_fingerprint(folder: Path, timeout: float) -> dict:
 
 
 def run(args) -> dict:
-    from nodeprobe import net, procs
+    from nodeprobe import net, procs, route
 
     start = time.monotonic()
     try:
@@ -124,6 +124,8 @@ def run(args) -> dict:
     results["listen"] = _safe(lambda: net.listen(0, args.listen_seconds, True))
     results["resolve"] = _safe(net.resolve)
     results["iface"] = _safe(lambda: net.iface(args.master))
+    # what roles/gloo_network reads in the same command (no second probe before the launch)
+    results["route"] = _safe(lambda: route.route(args.master))
     results["lab_processes"] = _safe(lambda: procs.lab_processes(args.root, shared=args.shared))
     results["fingerprint"] = wait_fingerprint(folder, args.fingerprint_timeout)
     try:

@@ -54,7 +54,18 @@ def last_line(path, want_json=False):
     return None
 
 
-def run_status(run_dir: str, socket: str, session: str) -> dict:
+def wait_for_end(run_dir: str, seconds: float, interval: float = 0.2) -> None:
+    """Return when the rank wrote its exit code, or after ``seconds``: one poll of roles/launch's wait is
+    one round trip that returns as soon as the run is over."""
+    deadline = time.monotonic() + seconds
+    marker = os.path.join(run_dir, "exit_code")
+    while time.monotonic() < deadline and not os.path.exists(marker):
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def run_status(run_dir: str, socket: str, session: str, wait: float = 0) -> dict:
+    if wait > 0:
+        wait_for_end(run_dir, wait)
     res = {"state": "not-started", "code": None, "step": None, "loss": None, "tokens_per_sec": None,
            "last_line": "", "pane": None, "code_time": None, "log_time": None, "metrics_time": None,
            "now": time.time(), "last_lines": [], "error": None, "lost_peer": False, "exception": None}

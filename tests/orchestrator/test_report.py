@@ -67,3 +67,37 @@ def test_report_shows_each_ranks_share_compute_and_wait(tmp_path):
     assert "| share p50 | compute ms p50 | wait ms p50 |" in table
     assert "| 11 | 301 | 12 |" in table and "| 5 | 291 | 25 |" in table
     assert "- balance: shares [11, 5] of 16 sequences per step (1 changes, last at step 10)" in table
+
+
+def _tgz(path, members):
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600 if name.endswith(".env") else 0o644
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_unpack_puts_each_archive_in_its_node_folder_and_keeps_earlier_ones(tmp_path):
+    run = tmp_path / "run-u"
+    write_rank(run / "nodeA", 0, [5.0, 4.0])  # collected earlier (e.g. another --limit): stays
+    _tgz(run / "nodeB.tgz", {"exit_code": b"0\n", "trainer.env": b"SECRET=1\n"})
+    out = subprocess.run([sys.executable, "-m", "ddplab", "report", str(run), "--nodes=nodeA,nodeB",
+                          "--unpack=nodeB", "--no-report"], cwd=REPO, text=True, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (run / "nodeB" / "exit_code").read_text() == "0\n"
+    assert ((run / "nodeB" / "trainer.env").stat().st_mode & 0o777) == 0o600
+    assert not (run / "nodeB.tgz").exists() and (run / "nodeA" / "exit_code").exists()
+    assert not (run / "report.md").exists()
+
+
+def test_unpack_refuses_an_archive_that_escapes_its_folder(tmp_path):
+    run = tmp_path / "run-v"
+    run.mkdir()
+    _tgz(run / "nodeB.tgz", {"../../evil": b"x"})
+    out = subprocess.run([sys.executable, "-m", "ddplab", "report", str(run), "--unpack=nodeB"], cwd=REPO,
+                         text=True, capture_output=True, timeout=120)
+    assert out.returncode == 1 and "cannot unpack" in out.stderr and "nodeB" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "evil").exists()

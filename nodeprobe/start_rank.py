@@ -1,0 +1,131 @@
+"""The launch role's two node steps, each one process driven by a JSON spec on stdin.
+
+    python -m nodeprobe launch-facts < spec   # what the launch needs to know (read-only)
+    python -m nodeprobe start-rank   < spec   # write the run's files and start the rank in tmux
+
+Two round trips instead of a dozen small tasks (read the Python, count CPUs, look for the session, stat
+the entry point, find checkpoints; then folder, environment, script, code record, exit marker, run id,
+tmux): a relaunch on a prepared lab is dominated by per-task SSH latency, not by the work.
+
+The control host renders launch.sh and trainer.env from the role's templates and hands their text over
+in the start-rank spec; this module only places files and starts tmux, so it decides nothing about
+what the rank runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+class SpecError(ValueError):
+    """The spec is unusable: the command exits 2 with this one line."""
+
+
+def read_spec(text: str, needs: tuple[str, ...]) -> dict:
+    try:
+        spec = json.loads(text)
+    except ValueError as e:
+        raise SpecError(f"the spec on stdin is not JSON ({e})") from None
+    if not isinstance(spec, dict):
+        raise SpecError("the spec on stdin is not a JSON object")
+    missing = [k for k in needs if spec.get(k) in (None, "")]
+    if missing:
+        raise SpecError(f"the spec on stdin has no {', '.join(missing)}")
+    return spec
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (as `nproc`: the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def session_state(socket: str, session: str) -> str:
+    """``none`` (no such tmux session), ``live`` (a pane still runs) or ``dead`` (every pane exited)."""
+    try:
+        out = subprocess.run(["tmux", "-S", socket, "list-panes", "-t", f"={session}", "-F", "#{pane_dead}"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "none"
+    if out.returncode != 0:
+        return "none"
+    return "live" if "0" in out.stdout.split() else "dead"
+
+
+def launch_facts(spec: dict) -> dict:
+    python = str(spec.get("python") or "")
+    if not python and spec.get("python_file"):
+        try:
+            python = Path(spec["python_file"]).read_text().strip()
+        except OSError:
+            python = ""
+    script = str(spec.get("script") or "")
+    ckpt_dir = Path(spec["ckpt_dir"]) if spec.get("ckpt_dir") else None
+    ckpts = sorted(p.name for p in ckpt_dir.glob("step_*.pt")) if ckpt_dir and ckpt_dir.is_dir() else []
+    return {"probe": "launch-facts", "python": python, "nproc": cpu_count(),
+            "session": session_state(spec["socket"], spec["session"]),
+            "script_exists": Path(script).is_file() if script else None, "ckpts": ckpts}
+
+
+def write_file(path: Path, content: str, mode: int) -> None:
+    """Atomically, and with its mode from the first byte (trainer.env may hold secrets: never 0644)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def tmux_argv(spec: dict) -> list[str]:
+    tmux = spec.get("tmux") or {}
+    return ["tmux", "-S", spec["socket"], "-f", "/dev/null", "start-server", ";",
+            "set-option", "-g", "history-limit", str(int(tmux.get("history", 200000))), ";",
+            "set-option", "-g", "remain-on-exit", "on", ";",
+            "new-session", "-d", "-s", spec["session"], "-x", str(int(tmux.get("width", 200))),
+            "-y", str(int(tmux.get("height", 50))), "-c", spec["cwd"],
+            f"/bin/bash {shlex.quote(str(Path(spec['run_dir']) / 'launch.sh'))}"]
+
+
+def start_rank(spec: dict) -> dict:
+    """Replace a dead session of the same run, place the run's files, start the rank. Refuses a live
+    session (the control host checked, but a second launch may have raced it)."""
+    state = session_state(spec["socket"], spec["session"])
+    if state == "live":
+        raise RuntimeError(f"run {spec['session']} is still running in tmux; stop it first")
+    if state == "dead":
+        subprocess.run(["tmux", "-S", spec["socket"], "kill-session", "-t", f"={spec['session']}"],
+                       capture_output=True, timeout=10, check=False)
+    run_dir = Path(spec["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    for f in spec.get("files") or []:
+        write_file(run_dir / f["name"], f["content"], int(str(f["mode"]), 8))
+    if spec.get("code_json"):
+        shutil.copyfile(spec["code_json"], run_dir / "code.json")
+        os.chmod(run_dir / "code.json", 0o644)
+    (run_dir / "exit_code").unlink(missing_ok=True)
+    if spec.get("last_run_file"):
+        write_file(Path(spec["last_run_file"]), f"{spec['session']}\n", 0o644)
+    env = {k: v for k, v in os.environ.items() if k != "TMUX"}  # started from inside tmux: still a new server
+    out = subprocess.run(tmux_argv(spec), capture_output=True, text=True, timeout=30, check=False, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"tmux did not start the session: {(out.stderr or out.stdout).strip()}")
+    return {"probe": "start-rank", "started": True, "replaced_dead_session": state == "dead",
+            "run_dir": str(run_dir)}
+
+
+def run(verb: str, text: str) -> dict:
+    if verb == "launch-facts":
+        return launch_facts(read_spec(text, ("socket", "session")))
+    return start_rank(read_spec(text, ("socket", "session", "run_dir", "cwd")))
