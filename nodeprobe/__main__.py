@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(verb, help=f"the launch role's {what}, from a JSON spec on stdin "
                                   "(nodeprobe/start_rank.py)")
 
+    sub.add_parser("place-files", help="write small files from a JSON spec on stdin, each only when it "
+                                       "differs (nodeprobe/place_files.py)")
+
     r = sub.add_parser("route", help="interface, source address and hostname toward the master")
     r.add_argument("--master", required=True, help="master address")
 
@@ -202,6 +205,10 @@ def dispatch(args):
         from nodeprobe import run_status
 
         return run_status.run_status(args.run_dir, args.socket, args.session, args.wait)
+    if args.cmd == "place-files":
+        from nodeprobe import place_files
+
+        return place_files.run(sys.stdin.read())
     if args.cmd == "verify-shards":
         from nodeprobe import hashing
 

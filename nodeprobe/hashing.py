@@ -165,8 +165,12 @@ def verify_shards(data_dir, manifest: dict) -> dict:
         if data_dir.is_dir() else []
     diff = compare(have, expected)
     diff["extra"] = extra
+    try:  # the node's copy of the manifest: prepare rewrites it only when it differs
+        manifest_same = json.loads((data_dir / "manifest.json").read_text()) == manifest
+    except (OSError, ValueError):
+        manifest_same = False
     return {"dir": str(data_dir), "ok": not any(diff.values()), **diff,
-            "bad": diff["missing"] + diff["changed"], "files": have}
+            "bad": diff["missing"] + diff["changed"], "files": have, "manifest_same": manifest_same}
 
 
 def shard_set(data_dir) -> dict:

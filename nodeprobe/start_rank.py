@@ -19,8 +19,9 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
+
+from nodeprobe.place_files import write_file
 
 
 class SpecError(ValueError):
@@ -73,19 +74,6 @@ def launch_facts(spec: dict) -> dict:
     return {"probe": "launch-facts", "python": python, "nproc": cpu_count(),
             "session": session_state(spec["socket"], spec["session"]),
             "script_exists": Path(script).is_file() if script else None, "ckpts": ckpts}
-
-
-def write_file(path: Path, content: str, mode: int) -> None:
-    """Atomically, and with its mode from the first byte (trainer.env may hold secrets: never 0644)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(content)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def tmux_argv(spec: dict) -> list[str]:

@@ -1,19 +1,46 @@
 """Which interpreters on this node have exactly the lab's torch: run before any venv or synced code.
 
 Shipped alone by roles/torch_env (``ansible.builtin.script``; stdlib only, no package imports):
-``torch_candidates.py PYTHON...`` prints one JSON object ``{"candidates": [{"python": <path or the
-name asked>, "torch": <version without +local, or null>}]}``. A candidate counts only when torch,
-numpy and pyarrow all import (the trainer needs the three).
+``torch_candidates.py [--stamp FILE] [--record FILE] PYTHON...`` prints one JSON object ``{"candidates":
+[{"python": <path or the name asked>, "torch": <version without +local, or null>, "checked": "import" or
+"stamp"}], "recorded": <the record file's first line, or null>}`` (the role rewrites the record of the
+node's Python only when it differs: no second round trip on a prepared node).
+A candidate counts only when torch, numpy and pyarrow all import (the trainer needs the three).
+
+Importing torch takes seconds, and a no-change prepare would pay it on every run: with ``--stamp``, a
+candidate whose import passed before is taken again without importing when nothing of the three
+packages changed since (the stat of each package folder, its ``__init__.py`` and torch/lib, read
+without importing them). A reinstalled, upgraded or damaged package changes one of those and is
+imported again. Preflight's fingerprint imports torch on every run regardless.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 IMPORT_CHECK = "import numpy, pyarrow, torch; print(torch.__version__.split('+')[0])"
+# Run by the candidate itself, without importing the packages (find_spec of a top-level package only
+# locates it): what must stay the same for an earlier import check to still hold.
+STAT_KEY = """
+import importlib.util, json, os, sys
+key = [sys.version]
+for name in ("numpy", "pyarrow", "torch"):
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin:
+        print("null"); raise SystemExit
+    pkg = os.path.dirname(spec.origin)
+    for p in (pkg, spec.origin, os.path.join(pkg, "lib")):
+        try:
+            st = os.stat(p)
+            key.append([p, st.st_mtime_ns, st.st_size, st.st_ino])
+        except OSError:
+            key.append([p, None])
+print(json.dumps(key))
+"""
 
 
 def torch_version(python: str, timeout: float = 120) -> str | None:
@@ -26,16 +53,74 @@ def torch_version(python: str, timeout: float = 120) -> str | None:
     return lines[-1] if out.returncode == 0 and lines else None
 
 
-def candidates(pythons: list[str]) -> list[dict]:
+def stat_key(python: str) -> list | None:
+    try:
+        out = subprocess.run([python, "-c", STAT_KEY], capture_output=True, text=True, timeout=30,
+                             check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def read_stamp(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_stamp(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:  # no stamp: the next prepare imports again, nothing else changes
+        pass
+
+
+def candidates(pythons: list[str], stamp: str | None = None) -> list[dict]:
+    known, fresh = read_stamp(stamp), {}
     out = []
     for name in pythons:
         path = shutil.which(name)
-        out.append({"python": path or name, "torch": torch_version(path) if path else None})
+        if not path:
+            out.append({"python": name, "torch": None, "checked": None})
+            continue
+        key = stat_key(path) if stamp else None
+        seen = known.get(path) or {}
+        if key is not None and seen.get("key") == key and seen.get("torch"):
+            version, how = seen["torch"], "stamp"
+        else:
+            version, how = torch_version(path), "import"
+        if version and key is not None:
+            fresh[path] = {"key": key, "torch": version}
+        out.append({"python": path, "torch": version, "checked": how})
+    if stamp and fresh != {p: v for p, v in known.items() if p in fresh}:
+        write_stamp(stamp, {**known, **fresh})
     return out
 
 
 def main(argv=None) -> int:
-    print(json.dumps({"candidates": candidates(sys.argv[1:] if argv is None else argv)}))
+    args = sys.argv[1:] if argv is None else list(argv)
+    files = {"--stamp": None, "--record": None}
+    while args[:1] and args[0] in files:
+        if len(args) < 2:
+            print(f"torch_candidates.py: error: {args[0]} needs a file", file=sys.stderr)
+            return 2
+        files[args[0]], args = args[1], args[2:]
+    recorded = None
+    if files["--record"]:
+        try:
+            with open(files["--record"]) as f:
+                recorded = f.readline().strip()
+        except OSError:
+            pass
+    print(json.dumps({"candidates": candidates(args, files["--stamp"]), "recorded": recorded}))
     return 0
 
 

@@ -102,6 +102,10 @@ def test_verify_shards_names_missing_changed_and_extra(shards, tmp_path):
     assert r["extra"] == ["stray.parquet"] and r["bad"] == [names[0], names[1]]
     empty = hashing.verify_shards(tmp_path / "no-such-folder", manifest)
     assert empty["bad"] == names and empty["extra"] == []
+    # the node's manifest copy: same content (prepare leaves it), changed or missing (prepare rewrites it)
+    assert r["manifest_same"] is True and empty["manifest_same"] is False
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "digest": "0" * 64}))
+    assert hashing.verify_shards(copy, manifest)["manifest_same"] is False
 
 
 def test_verify_shards_verb_reads_the_manifest_on_stdin(shards):

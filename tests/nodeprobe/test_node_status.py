@@ -48,5 +48,33 @@ def test_torch_candidates_shipped_alone(tmp_path):
                          capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": ""})
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)["candidates"]
-    assert found == [{"python": sys.executable, "torch": torch.__version__.split("+")[0]},
-                     {"python": "no-such-python3.99", "torch": None}]
+    assert found == [{"python": sys.executable, "torch": torch.__version__.split("+")[0],
+                      "checked": "import"},
+                     {"python": "no-such-python3.99", "torch": None, "checked": None}]
+
+
+def test_torch_candidates_stamp_skips_the_import_until_a_package_changes(tmp_path):
+    """Stand-in numpy/pyarrow/torch packages (tiny, on PYTHONPATH) so the test is fast; the import
+    check, the stat key and the stamp are the real ones."""
+    fakes = tmp_path / "site"
+    for name in ("numpy", "pyarrow", "torch"):
+        (fakes / name).mkdir(parents=True)
+        (fakes / name / "__init__.py").write_text("")
+    torch_init = fakes / "torch" / "__init__.py"
+    torch_init.write_text("__version__ = '9.9.9+cpu'\n")
+    stamp = tmp_path / "lab" / ".torch-checked.json"
+    stamp.parent.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(fakes)}
+
+    def probe():
+        argv = [sys.executable, str(REPO / "nodeprobe" / "torch_candidates.py"), "--stamp", str(stamp),
+                sys.executable]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=True)
+        return json.loads(out.stdout)["candidates"][0]
+
+    assert probe() == {"python": sys.executable, "torch": "9.9.9", "checked": "import"}
+    assert probe() == {"python": sys.executable, "torch": "9.9.9", "checked": "stamp"}
+    torch_init.write_text("__version__ = '9.9.8+cpu'\n")  # upgraded: size and mtime change
+    assert probe() == {"python": sys.executable, "torch": "9.9.8", "checked": "import"}
+    (fakes / "numpy" / "__init__.py").write_text("raise ImportError('damaged')\n")  # no longer imports
+    assert probe()["torch"] is None

@@ -57,8 +57,8 @@ def test_facts_of_an_unstarted_run(lab):
     (ckpt / "step_000010.pt").write_bytes(b"x")
     (ckpt / "notes.txt").write_text("not a checkpoint")
     rc, facts, _ = probe("launch-facts", {"python": "", "python_file": str(lab["root"] / "python"),
-                                          "socket": lab["socket"], "session": "r1",
-                                          "script": str(lab["root"] / "code" / "train.py"), "ckpt_dir": str(ckpt)})
+                                          "socket": lab["socket"], "session": "r1", "ckpt_dir": str(ckpt),
+                                          "script": str(lab["root"] / "code" / "train.py")})
     assert rc == 0
     assert facts["python"] == sys.executable
     assert facts["nproc"] == len(os.sched_getaffinity(0))
@@ -67,8 +67,8 @@ def test_facts_of_an_unstarted_run(lab):
 
 
 def test_a_never_prepared_node_has_no_python(lab):
-    rc, facts, _ = probe("launch-facts", {"python_file": str(lab["root"] / "missing"), "socket": lab["socket"],
-                                          "session": "r1"})
+    rc, facts, _ = probe("launch-facts", {"python_file": str(lab["root"] / "missing"),
+                                          "socket": lab["socket"], "session": "r1"})
     assert rc == 0 and facts["python"] == "" and facts["script_exists"] is None and facts["ckpts"] == []
 
 
@@ -113,7 +113,8 @@ def test_a_live_session_is_refused_and_left_running(lab):
 def test_a_spec_without_its_fields_is_one_usage_error(lab):
     out = subprocess.run([sys.executable, "-m", "nodeprobe", "start-rank"], input='{"socket": "s"}', cwd=REPO,
                          capture_output=True, text=True, timeout=60, check=False)
-    assert out.returncode == 2 and "has no session, run_dir, cwd" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "has no session, run_dir, cwd" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_run_status_wait_returns_when_the_exit_code_appears(tmp_path):

@@ -85,7 +85,8 @@ def test_unpack_puts_each_archive_in_its_node_folder_and_keeps_earlier_ones(tmp_
     write_rank(run / "nodeA", 0, [5.0, 4.0])  # collected earlier (e.g. another --limit): stays
     _tgz(run / "nodeB.tgz", {"exit_code": b"0\n", "trainer.env": b"SECRET=1\n"})
     out = subprocess.run([sys.executable, "-m", "ddplab", "report", str(run), "--nodes=nodeA,nodeB",
-                          "--unpack=nodeB", "--no-report"], cwd=REPO, text=True, capture_output=True, timeout=120)
+                          "--unpack=nodeB", "--no-report"], cwd=REPO, text=True, capture_output=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     assert (run / "nodeB" / "exit_code").read_text() == "0\n"
     assert ((run / "nodeB" / "trainer.env").stat().st_mode & 0o777) == 0o600

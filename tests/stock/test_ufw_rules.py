@@ -60,3 +60,11 @@ def test_stale_rules_are_ours_that_match_no_current_peer():
 
 def test_lines_that_are_not_rules_are_ignored():
     assert ufw.ufw_rules(["", "Added user rules:", "(None)", "ufw", "ufw allow from 'unclosed"]) == []
+
+
+def test_missing_peers_are_those_without_our_tcp_rule():
+    ours = [r for r in ufw.ufw_rules(SHOWN) if r["comment"] == "ddplab"]
+    # .11 has the TCP rule; .12 only the old all-protocol form; .13 nothing; .1 only an SSH rule
+    assert ufw.ufw_missing_peers(ours, ["10.77.3.11", "10.77.3.12", "10.77.3.13", "10.77.3.1"]) == \
+        ["10.77.3.12", "10.77.3.13", "10.77.3.1"]
+    assert ufw.ufw_missing_peers(ours, []) == []

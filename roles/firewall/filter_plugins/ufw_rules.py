@@ -62,6 +62,14 @@ def ufw_stale(rules, peers, ssh_port):
     return [r for r in rules if id(r) not in ssh and not current_peer(r)]
 
 
+def ufw_missing_peers(rules, peers):
+    """The peers that have no `allow from <peer> proto tcp` rule among ``rules`` yet: on a prepared node
+    none, so the role adds rules without one ufw call per peer (a round trip each, at 16 nodes 15)."""
+    have = {r["src"] for r in rules if r["action"] == "allow" and r["proto"] == "tcp" and r["port"] is None}
+    return [p for p in peers if p not in have]
+
+
 class FilterModule:
     def filters(self):
-        return {"ufw_rules": ufw_rules, "ufw_ssh_rules": ufw_ssh_rules, "ufw_stale": ufw_stale}
+        return {"ufw_rules": ufw_rules, "ufw_ssh_rules": ufw_ssh_rules, "ufw_stale": ufw_stale,
+                "ufw_missing_peers": ufw_missing_peers}
