@@ -1,10 +1,13 @@
 """Which interpreters on this node have exactly the lab's torch: run before any venv or synced code.
 
 Shipped alone by roles/torch_env (``ansible.builtin.script``; stdlib only, no package imports):
-``torch_candidates.py [--stamp FILE] [--record FILE] PYTHON...`` prints one JSON object ``{"candidates":
-[{"python": <path or the name asked>, "torch": <version without +local, or null>, "checked": "import" or
-"stamp"}], "recorded": <the record file's first line, or null>}`` (the role rewrites the record of the
-node's Python only when it differs: no second round trip on a prepared node).
+``torch_candidates.py [--stamp FILE] [--record FILE] [--platform-of PY] PYTHON...`` prints one JSON
+object ``{"candidates": [{"python": <path or the name asked>, "torch": <version without +local, or
+null>, "checked": "import" or "stamp"}], "recorded": <the record file's first line, or null>}`` (the
+role rewrites the record of the node's Python only when it differs: no second round trip on a prepared
+node), and with
+``--platform-of``, ``"platform": "<major.minor> <machine> <glibc>"`` of that Python (the wheels a new
+venv made with it takes), or null.
 A candidate counts only when torch, numpy and pyarrow all import (the trainer needs the three).
 
 Importing torch takes seconds, and a no-change prepare would pay it on every run: with ``--stamp``, a
@@ -51,6 +54,19 @@ def torch_version(python: str, timeout: float = 120) -> str | None:
         return None
     lines = out.stdout.split()
     return lines[-1] if out.returncode == 0 and lines else None
+
+
+PLATFORM = ("import platform, sys; "
+            "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1])")
+
+
+def platform_of(python: str) -> str | None:
+    try:
+        out = subprocess.run([python, "-c", PLATFORM], capture_output=True, text=True, timeout=30,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
 def stat_key(python: str) -> list | None:
@@ -107,7 +123,7 @@ def candidates(pythons: list[str], stamp: str | None = None) -> list[dict]:
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
-    files = {"--stamp": None, "--record": None}
+    files = {"--stamp": None, "--record": None, "--platform-of": None}
     while args[:1] and args[0] in files:
         if len(args) < 2:
             print(f"torch_candidates.py: error: {args[0]} needs a file", file=sys.stderr)
@@ -120,7 +136,9 @@ def main(argv=None) -> int:
                 recorded = f.readline().strip()
         except OSError:
             pass
-    print(json.dumps({"candidates": candidates(args, files["--stamp"]), "recorded": recorded}))
+    platform = platform_of(files["--platform-of"]) if files["--platform-of"] else None
+    print(json.dumps({"candidates": candidates(args, files["--stamp"]), "recorded": recorded,
+                      "platform": platform}))
     return 0
 
 
