@@ -158,8 +158,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Extra environment variables of the ranks (per group or host; ddplab's own names are refused).",
             section=CODE, per_host=True,
             example={"NANOCHAT_BASE_DIR": "/data/nanochat", "PET_LOG_DIR": "torchrun-logs"}),
-    Setting("ddplab_nproc_per_node", "int", 1, "torchrun ranks per node (world size = nodes x this).",
-            section=CODE, min=1, max=1024),
+    Setting("ddplab_nproc_per_node", "int", 1,
+            "torchrun ranks on the node; may differ per host (a desktop 2, a laptop 1): the world size is "
+            "the sum, and each rank's threads default to the node's CPUs / its ranks.",
+            section=CODE, min=1, max=1024, per_host=True),
     Setting("ddplab_collect_globs", "list", [],
             "Files your code writes, relative to the ranks' working folder on the node (ddplab_workdir; ** "
             "recurses), brought back by collect_logs.", section=CODE,

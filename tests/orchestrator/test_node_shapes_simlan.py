@@ -1,0 +1,50 @@
+"""Unequal node shapes from the inventory (issue 15): a host_vars `ddplab_nproc_per_node: 2` on node0 and the
+default 1 on node1 make one world of 3 ranks across 2 simulated hosts, each node's threads derived from its
+own CPUs and its own rank count."""
+
+import json
+
+import pytest
+
+from tests.helpers.playbooks import make_shards, playbook, tail
+
+pytestmark = [pytest.mark.slow, pytest.mark.simlan]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    return {"ddplab_data_dir": make_shards(tmp_path_factory.getbasetemp() / "shards"),
+            "ddplab_runs_dir": tmp_path_factory.mktemp("shape-runs"), "ddplab_trainer_depth": 1,
+            "ddplab_rdzv_timeout": 60, "ddplab_wait_poll": 2}
+
+
+@pytest.fixture(scope="module")
+def shaped(simlan_cluster):
+    """The simulated inventory with node0 running 2 ranks (host_vars), removed afterwards."""
+    cluster = simlan_cluster(2)
+    host_vars = cluster.inventory_dir / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / "node0.yml").write_text("ddplab_nproc_per_node: 2\n")
+    yield cluster
+    (host_vars / "node0.yml").unlink()
+
+
+def test_two_ranks_on_one_node_and_one_on_the_other_train_as_one_world(shaped, lab):
+    run_id = "shape-2-1"
+    proc = playbook("launch.yml", inventory=shaped.inventory_dir, timeout=900,
+                    extra={**lab, "ddplab_wait": True, "ddplab_run_id": run_id, "ddplab_trainer_steps": 3})
+    assert proc.returncode == 0, tail(proc)
+    run = lab["ddplab_runs_dir"] / run_id
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 3
+    ranks = {host: sorted(p.name for p in (run / host).rglob("metrics.rank*.jsonl"))
+             for host in ("node0", "node1")}
+    assert ranks == {"node0": ["metrics.rank0.jsonl", "metrics.rank1.jsonl"],
+                     "node1": ["metrics.rank2.jsonl"]}
+    env = {host: dict(line.split("=", 1) for line in (run / host / "trainer.env").read_text().splitlines()
+                      if "=" in line and not line.startswith("#")) for host in ("node0", "node1")}
+    assert env["node0"]["NPROC_PER_NODE"] == "2" and env["node1"]["NPROC_PER_NODE"] == "1"
+    assert env["node0"]["NNODES"] == env["node1"]["NNODES"] == "2"
+    cpus = {h: int(shaped.exec(h, ["nproc"], timeout=30, check=True).stdout) for h in ("node0", "node1")}
+    assert int(env["node0"]["DDPLAB_THREADS"]) == max(1, cpus["node0"] // 2)
+    assert int(env["node1"]["DDPLAB_THREADS"]) == max(1, cpus["node1"])
