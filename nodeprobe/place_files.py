@@ -2,6 +2,8 @@
 files), each only when its content or mode differs, atomically and with its mode from the first byte.
 
 The spec is ``{"files": [{"path": ..., "content": ..., "mode": "0644"}]}``; prints ``{"changed": [paths]}``.
+Each file is a text record that ends with a newline (added here when the content has none: Jinja in a
+YAML task cannot spell one reliably).
 One process for what would otherwise be one `copy` task (two SSH round trips) per file.
 """
 
@@ -42,8 +44,13 @@ def place_files(spec: dict) -> dict:
     files = spec.get("files")
     if not isinstance(files, list) or not all(isinstance(f, dict) and f.get("path") for f in files):
         raise ValueError("the spec needs files: [{path, content, mode}]")
-    changed = [f["path"] for f in files
-               if place(Path(f["path"]), str(f.get("content", "")), int(str(f.get("mode", "0644")), 8))]
+    changed = []
+    for f in files:
+        content = str(f.get("content", ""))
+        if not content.endswith("\n"):
+            content += "\n"
+        if place(Path(f["path"]), content, int(str(f.get("mode", "0644")), 8)):
+            changed.append(f["path"])
     return {"probe": "place-files", "changed": changed}
 
 

@@ -130,3 +130,18 @@ def test_run_status_wait_returns_when_the_exit_code_appears(tmp_path):
     state = json.loads(out.stdout)
     assert state["state"] == "exited" and state["code"] == 0
     assert 0.9 < waited < 25  # waited for the marker, and not the whole 30 s
+
+
+def test_place_files_writes_only_what_differs(tmp_path):
+    record = tmp_path / "record.json"
+    spec = {"files": [{"path": str(record), "content": '{"a": 1}', "mode": "0644"}]}
+    rc, out, _ = probe("place-files", spec)
+    assert rc == 0 and out["changed"] == [str(record)] and record.read_text() == '{"a": 1}\n'
+    rc, out, _ = probe("place-files", spec)
+    assert rc == 0 and out["changed"] == []  # a prepared node: nothing written
+    record.chmod(0o600)
+    rc, out, _ = probe("place-files", spec)
+    assert out["changed"] == [str(record)] and stat.S_IMODE(record.stat().st_mode) == 0o644
+    missing = str(tmp_path / "no" / "dir" / "x")
+    rc, out, _ = probe("place-files", {"files": [{"path": missing, "content": ""}]})
+    assert rc == 1 and not out["ok"] and "FileNotFoundError" in out["error"]
