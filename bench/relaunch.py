@@ -7,10 +7,13 @@ Per host count: a simlan cluster is brought up (root hosts), prepared once by a 
 round runs, interleaved: (a) `ansible-playbook -i <inv> playbooks/launch.yml -e ddplab_wait=true
 -e ddplab_trainer_steps=N` (prepare, preflight, start, wait, collect, outcome: the whole command), (b)
 the bare way: over ssh to every host at once, `tmux new-session -d` running the same torchrun command
-line (same Python, code, shards, GLOO_SOCKET_IFNAME, steps), then ssh polls until every rank wrote its
-exit code, and (c) a no-change `prepare.yml`. Wall times are medians of the rounds with min-max; the
-ratio launch/bare is taken within each round, then summarized. Writes bench/results/relaunch/
-report.json, report.md and relaunch.png (and prints the table).
+line (same Python, code, shards, GLOO_SOCKET_IFNAME, steps, model depth, 1 thread per rank), then ssh polls
+until every rank wrote its exit code, and (c) a no-change `prepare.yml`. Both ways train with 1 thread per
+rank (`-e ddplab_threads=1`): the simulated hosts share this machine's 2 cores, and ddplab's default (the
+node's CPUs per rank) would oversubscribe them and time a different training run than the bare way's.
+Wall times are medians of the rounds with min-max; the ratio launch/bare is taken within each round,
+then summarized. Writes bench/results/relaunch/report.json, report.md and relaunch.png (and prints the
+table).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 OUT = REPO / "bench" / "results" / "relaunch"
 ANSIBLE = str(REPO / ".venv" / "bin" / "ansible-playbook")
+# What launch.yml is given so that it trains the same run as bare_run (depth 2 is the trainer default).
+SAME_RUN = ("-e", "ddplab_wait=true", "-e", "ddplab_threads=1", "-e", "ddplab_trainer_depth=2")
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
@@ -96,12 +101,12 @@ def bench_hosts(n: int, rounds: int, steps: int, logs: Path) -> dict:
     cluster = simlan.up(n, force=True)
     inv = Path(cluster.inventory_dir)
     try:
-        playbook(inv, "launch.yml", "-e", "ddplab_wait=true", "-e", f"ddplab_trainer_steps={steps}",
+        playbook(inv, "launch.yml", *SAME_RUN, "-e", f"ddplab_trainer_steps={steps}",
                  log=logs / f"h{n}-first.log")
         launch, bare, prep, ratio, prep_changed, tasks = [], [], [], [], [], 0
         for i in range(rounds):
-            t_launch, recap = playbook(inv, "launch.yml", "-e", "ddplab_wait=true", "-e",
-                                       f"ddplab_trainer_steps={steps}", log=logs / f"h{n}-launch{i}.log")
+            t_launch, recap = playbook(inv, "launch.yml", *SAME_RUN, "-e", f"ddplab_trainer_steps={steps}",
+                                       log=logs / f"h{n}-launch{i}.log")
             t_bare = bare_run(cluster, steps, f"bare-{n}-{i}-{int(time.time())}")
             t_prep, prep_recap = playbook(inv, "prepare.yml", log=logs / f"h{n}-prepare{i}.log")
             launch.append(t_launch)
