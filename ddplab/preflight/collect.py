@@ -9,7 +9,8 @@ The role sends one JSON object on stdin (``python -m ddplab preflight-verdict``)
                  "gather":     {host: <command result: rc/stdout/stderr> of `nodeprobe preflight-gather`>},
                  "tcp":        {host: <... of `nodeprobe preflight-connect`>},
                  "gloo_smoke": {host: <... of `nodeprobe preflight-smoke`>},
-                 "outside":    {left-out host: <... of `nodeprobe preflight-outside`, delegated>}}}
+                 "outside":    {left-out host: <... of `nodeprobe preflight-outside`, delegated>},
+                 "outside_ssh": <... of the control host's `nodeprobe connect` to their SSH ports>}}
 
 Per host it becomes one JSON object per probe (ssh, fingerprint, resolve, iface, lab_processes,
 port_holder, tcp_master, tcp_peers, gloo_smoke). A skipped task (``"skipped": true``) or a missing
@@ -127,6 +128,17 @@ def outside_probes(res: dict) -> dict[str, dict]:
             "tcp_peers": {"ok": False, "error": (data or {}).get("error") or failure(res)}}
 
 
+def silent_ssh(res) -> dict[str, str]:
+    """{left-out host: why} for the SSH ports the control host could not connect to (not asked then)."""
+    data = last_json(res.get("stdout")) if _ran(res) else None
+    targets = (data or {}).get("targets")
+    if not isinstance(targets, dict):
+        return {}
+    return {str(h): f"its SSH port {t.get('host')}:{t.get('port')} did not answer "
+                    f"({t.get('result')}: {t.get('error')})"
+            for h, t in targets.items() if isinstance(t, dict) and not t.get("ok")}
+
+
 def from_bundle(bundle) -> Inputs:
     if not isinstance(bundle, dict) or not isinstance(bundle.get("inventory"), dict):
         raise InputError("the bundle has no \"inventory\" object")
@@ -141,6 +153,10 @@ def from_bundle(bundle) -> Inputs:
     skips = [p["gloo_smoke"] for p in probes.values() if (p.get("gloo_smoke") or {}).get("skipped")]
     skip = skips[0] if skips else None
     left_out = set(map(str, inv.get("left_out") or []))
+    silent = silent_ssh(results.get("outside_ssh"))
+    for h in left_out & set(probes):
+        if not probes[h] and h in silent:
+            probes[h] = {"ssh": {"ok": False, "left_out": True, "error": silent[h]}}
     for h, p in probes.items():
         answered = (p.get("ssh") or {}).get("ok") is not False
         if skip and "gloo_smoke" not in p and answered and h not in left_out:
