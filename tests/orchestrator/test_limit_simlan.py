@@ -128,7 +128,8 @@ def test_prepare_limit_brings_a_wiped_node_back(finished, lab):
 
 @pytest.mark.parametrize("chosen,other", [("node1", "node0"), ("node0", "node1")])
 def test_preflight_limit_checks_the_chosen_node_and_says_what_it_left_out(finished, lab, chosen, other):
-    proc = playbook("preflight.yml", "-l", chosen, inventory=finished.inventory_dir, extra=lab)
+    proc = playbook("preflight.yml", "-l", chosen, inventory=finished.inventory_dir,
+                    extra={**lab, "preflight_debug_dump": "true"})
     assert proc.returncode == 0, tail(proc)
     assert f"not asked (--limit): {other}; only the links between them and the chosen nodes" in proc.stdout
     assert "preflight: ok" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
@@ -136,9 +137,11 @@ def test_preflight_limit_checks_the_chosen_node_and_says_what_it_left_out(finish
     for check in ("tcp_master", "tcp_peers"):  # real link rows toward the left-out node, both directions
         assert hosts[other][check]["status"] == "ok" and hosts[chosen][check]["status"] == "ok", hosts
     assert hosts[other]["torch"]["status"] == "n/a"
-    # the left-out node's listeners were stopped (only its sshd listens)
-    left = finished.exec(other, ["ss", "-Htln"], timeout=30).stdout.split("\n")
-    assert [ln for ln in left if ln.strip() and ":22 " not in ln] == [], left
+    # the listener the left-out node opened for the chosen node was stopped
+    dump = lab["ddplab_runs_dir"] / "preflight" / "input" / chosen / "tcp_peers.json"
+    port = json.loads(dump.read_text())["targets"][other]["port"]
+    listening = finished.exec(other, ["ss", "-Htln", f"sport = :{port}"], timeout=30).stdout
+    assert listening.strip() == "", listening
 
 
 def test_preflight_limit_names_a_firewalled_link_toward_a_left_out_node(finished, lab):
@@ -155,13 +158,21 @@ def test_preflight_limit_names_a_firewalled_link_toward_a_left_out_node(finished
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-def test_preflight_limit_names_a_left_out_node_that_does_not_answer(finished, lab):
-    finished.sshd("node1", "stop", cut=True)
+@pytest.mark.parametrize("silent,chosen", [("node0", "node1"), ("node1", "node0")])
+def test_preflight_limit_names_a_left_out_node_that_does_not_answer(finished, lab, silent, chosen):
+    finished.sshd(silent, "stop", cut=True)
     try:
-        proc = playbook("preflight.yml", "-l", "node0", inventory=finished.inventory_dir, extra=lab)
+        proc = playbook("preflight.yml", "-l", chosen, inventory=finished.inventory_dir, extra=lab)
+        status = playbook("status.yml", "-l", chosen, inventory=finished.inventory_dir, extra=lab)
     finally:
-        finished.sshd("node1", "start")
+        finished.sshd(silent, "start")
     assert proc.returncode != 0
-    want = "FAIL node1 ssh: node1 (left out by --limit) did not answer over SSH, so its links with node0"
-    assert want in proc.stdout, tail(proc)
+    want = f"FAIL {silent} ssh: {silent} (left out by --limit) did not answer over SSH, so its links with "
+    assert want + chosen in proc.stdout, tail(proc)
     assert "Traceback" not in proc.stdout + proc.stderr
+    if silent == "node0":  # status needs the master's lab folder: one line naming it, not a silent stop
+        assert status.returncode != 0
+        want = "ddplab: error: node0 (the master, left out by --limit) did not answer over SSH"
+        assert want in status.stdout, tail(status)
+    else:
+        assert status.returncode == 0, tail(status)
