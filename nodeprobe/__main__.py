@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hand the test to the warm child `gather` left in DIR (torch already imported)")
 
     for verb, what in (("preflight-gather", "gather"), ("preflight-connect", "connect"),
-                       ("preflight-smoke", "gloo-smoke, or its clean-up when skipped")):
+                       ("preflight-smoke", "gloo-smoke, or its clean-up when skipped"),
+                       ("preflight-outside", "listener and connects on a node left out by --limit"),
+                       ("preflight-outside-stop", "stop of preflight-outside's listeners")):
         sub.add_parser(verb, help=f"the preflight role's {what}, from a JSON spec on stdin "
                                   "(nodeprobe/preflight_node.py)")
 

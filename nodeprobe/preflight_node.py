@@ -1,14 +1,21 @@
-"""The preflight role's three node steps, each driven by one JSON spec on stdin (no shell, no Jinja).
+"""The preflight role's node steps, each driven by one JSON spec on stdin (no shell, no Jinja).
 
     python -m nodeprobe preflight-gather  < spec   # every single-node probe (`gather`)
     python -m nodeprobe preflight-connect < spec   # the master port and every peer's listener
     python -m nodeprobe preflight-smoke   < spec   # the gloo smoke test, or only clean up after gather
+    python -m nodeprobe preflight-outside < spec   # a node left out by --limit: listen, connect to the play's
+    python -m nodeprobe preflight-outside-stop < spec  # ... and stop that node's listeners afterwards
 
 The spec is the role's ``preflight_spec`` (this node, the master, the hosts that answered SSH, lab
 folders, the run's settings), plus ``addrs`` and ``peers`` (every answering host's address and its
-``gather`` output) for connect, and ``gather`` (this node's output) and ``gate`` (the control host's
-``{"smoke": bool, "reason": str}``) for smoke. The decisions (master or not, which targets, smoke or
-skip) are the pure functions below; each step then runs an ordinary nodeprobe command line.
+``gather`` output) and ``outside`` (each answering left-out node's ``preflight-outside`` output) for
+connect, and ``gather`` (this node's output) and ``gate`` (the control host's ``{"smoke": bool,
+"reason": str}``) for smoke. Under ``--limit`` the nodes left out run only ``preflight-outside``
+(delegated, once per node, before connect) and ``preflight-outside-stop`` (after it): their links
+with the chosen nodes are checked in both directions, nothing else on them is looked at.
+
+The decisions (master or not, which targets, smoke or skip) are the pure functions below; each step
+then runs an ordinary nodeprobe command line (or the few probes of ``outside``).
 """
 
 from __future__ import annotations
@@ -54,7 +61,8 @@ def gather_argv(spec: dict) -> list[str]:
     if flag(spec.get("local")):
         argv.append("--shared")
     if is_master(spec):
-        peers = [h for h in spec.get("up") or [] if h != spec["host"]]
+        # the workers of this play and those left out by --limit (preflight-outside) knock on it
+        peers = [h for h in spec.get("up") or [] if h != spec["host"]] + list(spec.get("left_out") or [])
         argv += ["--master-port", str(int(spec["master_port"])), "--expect", str(len(peers))]
     if flag(spec.get("has_data")):
         argv += ["--data", str(spec["data_dir"])]
@@ -68,21 +76,66 @@ def gather_argv(spec: dict) -> list[str]:
     return argv
 
 
+def listener_port(output, name: str = "listen") -> int | None:
+    """The port of the listener ``name`` that a gather/outside output says it started, or None."""
+    found = ((last_json(output) or {}).get("results") or {}).get(name) or {}
+    return int(found["port"]) if found.get("ok") and found.get("port") else None
+
+
+def master_port_answers(output) -> bool:
+    """A left-out master's outside output: something listens on the master port (ours, or a live run's)."""
+    held = (((last_json(output) or {}).get("results") or {}).get("port_holder") or {}).get("free") is False
+    return held or listener_port(output, "listen_master") is not None
+
+
 def connect_targets(spec: dict) -> list[str]:
-    """``NAME=ADDR:PORT`` for every other answering host whose listener started, and a worker's
-    ``@master`` target (the master port, held by the master's listener) when the master answered."""
+    """``NAME=ADDR:PORT`` for every other answering host whose listener started (this play's, then the
+    left-out nodes' in ``outside``), and a worker's ``@master`` target (the master port) when the master
+    answered: in this play, or left out with something listening on its master port."""
     up = spec.get("up") or []
-    addrs, peers = spec.get("addrs") or {}, spec.get("peers") or {}
+    addrs, peers, outside = spec.get("addrs") or {}, spec.get("peers") or {}, spec.get("outside") or {}
     targets = []
-    for host in up:
-        if host == spec["host"]:
-            continue
-        listen = ((last_json(peers.get(host)) or {}).get("results") or {}).get("listen") or {}
-        if listen.get("ok") and listen.get("port"):
-            targets.append(f"{host}={addrs.get(host, host)}:{int(listen['port'])}")
-    if not is_master(spec) and spec["master"] in up:
+    for host, output in [*((h, peers.get(h)) for h in up), *outside.items()]:
+        port = listener_port(output)
+        if host != spec["host"] and port:
+            targets.append(f"{host}={addrs.get(host, host)}:{port}")
+    master = spec["master"]
+    if not is_master(spec) and (master in up or master_port_answers(outside.get(master))):
         targets.append(f"{MASTER_TARGET}={spec['master_addr']}:{int(spec['master_port'])}")
     return targets
+
+
+def outside(spec: dict) -> dict:
+    """A node left out by --limit: open a listener for the play's nodes (on the master also the master
+    port, when free), then connect to their listeners. The listeners quit after one connect per node of
+    the play, on ``preflight-outside-stop``, or after ``listen_seconds``."""
+    from nodeprobe import net, procs
+
+    seconds = float(spec.get("listen_seconds", 60))
+    knocking = len([h for h in spec.get("up") or [] if h != spec["host"]])
+    results: dict = {}
+    if is_master(spec):
+        port = int(spec["master_port"])
+        results["port_holder"] = procs.port_holder(port)
+        if results["port_holder"].get("free") and knocking:
+            results["listen_master"] = net.listen(port, seconds, True, max_conns=knocking)
+    results["listen"] = net.listen(0, seconds, True, max_conns=max(1, knocking))
+    targets = connect_targets(spec)
+    connect = (net.connect_many(targets, float(spec.get("connect_timeout", 3))) if targets else
+               {"probe": "connect", "ok": False, "targets": {}, "error": "no listener of this play's nodes"})
+    return {"probe": "outside", "results": results, "connect": connect}
+
+
+def outside_stop(spec: dict) -> dict:
+    """Ask the listeners ``preflight-outside`` started (its output is ``opened``) to quit, on loopback."""
+    from nodeprobe import net
+
+    stopped = {}
+    for name in ("listen", "listen_master"):
+        port = listener_port(spec.get("opened"), name)
+        if port:
+            stopped[name] = net.connect("127.0.0.1", port, 1.0, send_quit=True).get("ok", False)
+    return {"probe": "outside-stop", "stopped": stopped}
 
 
 def smoke_plan(spec: dict) -> dict:
@@ -132,6 +185,16 @@ def run(verb: str, text: str) -> int:
     from nodeprobe.__main__ import main as probe_main
 
     base = ("host", "master", "master_addr", "master_port", "world")
+    if verb in ("preflight-outside", "preflight-outside-stop"):
+        step = outside if verb == "preflight-outside" else outside_stop
+        spec = read_spec(text, base)
+        try:
+            result = step(spec)
+        except Exception as e:  # noqa: BLE001 - one JSON line naming the error, no traceback
+            result = {"probe": verb.removeprefix("preflight-"), "ok": False,
+                      "error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(result), flush=True)
+        return 0
     if verb == "preflight-gather":
         return probe_main(gather_argv(read_spec(text, (*base, "root", "code_dir"))))
     if verb == "preflight-connect":

@@ -55,3 +55,18 @@ def ssh(j: Judge, h: str) -> None:
                   f"start sshd on {h} and check `ansible {h} -m ansible.builtin.ping`")
     else:
         j.set(h, "ssh", OK, "reached")
+
+
+def left_out_ssh(j: Judge, h: str) -> None:
+    """A node left out by --limit is asked only for its links with the chosen nodes (preflight-outside):
+    its ssh row says whether it answered; without that step (an older dump) the row stays n/a."""
+    ssh = j.probe(h, "ssh")
+    if not ssh:
+        return
+    if ssh.get("ok") is False:
+        chosen = ", ".join(x for x in j.hosts if x not in j.left_out)
+        j.fail(h, "ssh", f"{h} (left out by --limit) did not answer over SSH, so its links with {chosen} are "
+                         f"unknown: {ssh.get('error') or 'unreachable'}",
+               f"start sshd on {h} and check `ansible {h} -m ansible.builtin.ping`, then re-run preflight")
+    else:
+        j.set(h, "ssh", OK, "reached (left out by --limit: only its links with the chosen nodes are checked)")

@@ -106,10 +106,38 @@ def describe(j: Judge, e: dict) -> str:
     return f"{e['src']} -> {e['dst']} {e.get('address') or j.addr(e['dst'])}:{e.get('port')} {how}"
 
 
+def unknown_links(j: Judge) -> dict[str, str]:
+    """--limit: the left-out nodes whose links could not be tried, and why."""
+    out = {}
+    for h in j.left_out:
+        ssh, peers = j.probe(h, "ssh") or {}, j.probe(h, "tcp_peers") or {}
+        if ssh.get("ok") is False:
+            out[h] = "did not answer over SSH"
+        elif ssh.get("ok") and peers.get("error") and not peers.get("targets"):
+            out[h] = "its preflight-outside step failed"
+    return out
+
+
+def left_out_step(j: Judge, h: str) -> None:
+    """A left-out node whose preflight-outside step printed no result: its links are unknown."""
+    peers = j.probe(h, "tcp_peers") or {}
+    if peers.get("error") and not peers.get("targets"):
+        j.fail(h, "tcp_peers", f"probe preflight-outside failed on {h}: {peers['error']}",
+               f"run playbooks/preflight.yml without --limit to see {h}'s own checks")
+
+
 def tcp(j: Judge) -> None:
     edges = tcp_edges(j)
+    unknown = unknown_links(j)
+    why = "; ".join(f"toward {h}: unknown ({r})" for h, r in unknown.items())
     for h in j.hosts:
-        if h in j.left_out or not j.reachable(h):
+        if h in j.left_out:
+            if not (j.probe(h, "ssh") or {}).get("ok"):
+                continue  # not asked at all, or it did not answer: its row says so
+            if h in unknown:
+                left_out_step(j, h)
+                continue
+        elif not j.reachable(h):
             continue
         for check in ("tcp_master", "tcp_peers"):
             tried = [e for e in edges if e["kind"] == check and h in (e["src"], e["dst"])]
@@ -117,7 +145,12 @@ def tcp(j: Judge) -> None:
                 j.set(h, check, NA, "single host")
             elif tried:
                 n_ok = sum(1 for e in tried if e.get("ok"))
-                j.set(h, check, OK, f"{n_ok}/{len(tried)} connections to/from {h} ok")
+                j.set(h, check, OK, f"{n_ok}/{len(tried)} connections to/from {h} ok"
+                      + (f"; {why}" if why and h not in j.left_out else ""))
+            elif h in j.left_out:
+                j.set(h, check, NA, "not checked: links between the nodes left out by --limit")
+            elif unknown:
+                j.set(h, check, SKIP, f"not checked: {why}")
             elif j.left_out:
                 j.set(h, check, NA, f"toward {', '.join(j.left_out)}: not checked (left out by --limit)")
             else:

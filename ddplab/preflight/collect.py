@@ -8,12 +8,16 @@ The role sends one JSON object on stdin (``python -m ddplab preflight-verdict``)
      "results": {"ssh":        {host: <ping result: unreachable/msg>},
                  "gather":     {host: <command result: rc/stdout/stderr> of `nodeprobe preflight-gather`>},
                  "tcp":        {host: <... of `nodeprobe preflight-connect`>},
-                 "gloo_smoke": {host: <... of `nodeprobe preflight-smoke`>}}}
+                 "gloo_smoke": {host: <... of `nodeprobe preflight-smoke`>},
+                 "outside":    {left-out host: <... of `nodeprobe preflight-outside`, delegated>},
+                 "outside_ssh": <... of the control host's `nodeprobe connect` to their SSH ports>}}
 
 Per host it becomes one JSON object per probe (ssh, fingerprint, resolve, iface, lab_processes,
 port_holder, tcp_master, tcp_peers, gloo_smoke). A skipped task (``"skipped": true``) or a missing
 host gives nothing (the verdict shows "not run"); a probe that printed no JSON becomes ``{"ok":
 false, "error": <its last stderr line>}``. The connect target named ``@master`` is the master port.
+A node left out by --limit has only ``outside``: its ssh (answered or not) and its connects to the
+play's nodes (tcp_master, tcp_peers).
 
 ``dump`` writes those objects as a folder (``inventory.json``, ``<host>/<probe>.json``) for
 debugging; ``load_dir`` reads such a folder back, so a dump can be judged again.
@@ -71,6 +75,9 @@ def host_probes(spec: dict, results: dict, host: str, smoke_skipped) -> dict[str
         return (results.get(kind) or {}).get(host)
 
     ssh = result("ssh")
+    outside = result("outside")
+    if isinstance(outside, dict):
+        return outside_probes(outside)
     if isinstance(ssh, dict) and ssh.get("unreachable"):
         return {"ssh": {"ok": False, "error": str(ssh.get("msg") or "unreachable").strip()}}
     if _ran(ssh):
@@ -87,15 +94,7 @@ def host_probes(spec: dict, results: dict, host: str, smoke_skipped) -> dict[str
             out.update({n: {"ok": False, "error": err} for n in names})
     t = result("tcp")
     if _ran(t):
-        data = last_json(t.get("stdout"))
-        if data and isinstance(data.get("targets"), dict):
-            targets = dict(data["targets"])
-            master = targets.pop(MASTER_TARGET, None)
-            if master is not None:
-                out["tcp_master"] = master
-            out["tcp_peers"] = {**data, "targets": targets}
-        else:
-            out["tcp_peers"] = {"ok": False, "error": (data or {}).get("error") or failure(t)}
+        out.update(connect_probes(last_json(t.get("stdout")), t))
     s = result("gloo_smoke")
     if smoke_skipped:
         out["gloo_smoke"] = {"probe": "gloo-smoke", "skipped": True, "reason": str(smoke_skipped)}
@@ -104,6 +103,40 @@ def host_probes(spec: dict, results: dict, host: str, smoke_skipped) -> dict[str
         out["gloo_smoke"] = data if data and data.get("probe") == "gloo-smoke" else {
             "probe": "gloo-smoke", "ok": False, "phase": "start", "error": failure(s)}
     return out
+
+
+def connect_probes(data: dict | None, res: dict) -> dict[str, dict]:
+    """A connect output as tcp_master (the ``@master`` target) and tcp_peers (the others)."""
+    if not (data and isinstance(data.get("targets"), dict)):
+        return {"tcp_peers": {"ok": False, "error": (data or {}).get("error") or failure(res)}}
+    targets = dict(data["targets"])
+    master = targets.pop(MASTER_TARGET, None)
+    out = {"tcp_master": master} if master is not None else {}
+    return {**out, "tcp_peers": {**data, "targets": targets}}
+
+
+def outside_probes(res: dict) -> dict[str, dict]:
+    """A left-out node's ``preflight-outside`` result: did it answer over SSH, and its connects."""
+    if res.get("unreachable"):
+        return {"ssh": {"ok": False, "left_out": True, "error": str(res.get("msg") or "unreachable").strip()}}
+    if not _ran(res):
+        return {}
+    data = last_json(res.get("stdout"))
+    if data and data.get("probe") == "outside" and isinstance(data.get("connect"), dict):
+        return {"ssh": {"ok": True, "left_out": True}, **connect_probes(data["connect"], res)}
+    return {"ssh": {"ok": True, "left_out": True},
+            "tcp_peers": {"ok": False, "error": (data or {}).get("error") or failure(res)}}
+
+
+def silent_ssh(res) -> dict[str, str]:
+    """{left-out host: why} for the SSH ports the control host could not connect to (not asked then)."""
+    data = last_json(res.get("stdout")) if _ran(res) else None
+    targets = (data or {}).get("targets")
+    if not isinstance(targets, dict):
+        return {}
+    return {str(h): f"its SSH port {t.get('host')}:{t.get('port')} did not answer "
+                    f"({t.get('result')}: {t.get('error')})"
+            for h, t in targets.items() if isinstance(t, dict) and not t.get("ok")}
 
 
 def from_bundle(bundle) -> Inputs:
@@ -119,8 +152,14 @@ def from_bundle(bundle) -> Inputs:
     # probes printed nothing) shows the same reason as the others.
     skips = [p["gloo_smoke"] for p in probes.values() if (p.get("gloo_smoke") or {}).get("skipped")]
     skip = skips[0] if skips else None
-    for p in probes.values():
-        if skip and "gloo_smoke" not in p and (p.get("ssh") or {}).get("ok") is not False:
+    left_out = set(map(str, inv.get("left_out") or []))
+    silent = silent_ssh(results.get("outside_ssh"))
+    for h in left_out & set(probes):
+        if not probes[h] and h in silent:
+            probes[h] = {"ssh": {"ok": False, "left_out": True, "error": silent[h]}}
+    for h, p in probes.items():
+        answered = (p.get("ssh") or {}).get("ok") is not False
+        if skip and "gloo_smoke" not in p and answered and h not in left_out:
             p["gloo_smoke"] = skip
     return Inputs(inv, probes)
 

@@ -40,9 +40,10 @@ HOST_CHECKS = (checks_node.python, checks_node.torch, checks_node.dtype, checks_
 def judge(j: Judge) -> dict:
     checks_inventory.inventory(j)
     for h in j.hosts:
-        if h in j.left_out:  # --limit: a row that says so, no check
+        if h in j.left_out:  # --limit: a row that says so; only its links with the chosen nodes are checked
             for c in CHECKS:
                 j.set(h, c, NA, "not asked (left out by --limit)")
+            checks_inventory.left_out_ssh(j, h)
             continue
         checks_inventory.ssh(j, h)
     for h in j.hosts:
@@ -80,6 +81,8 @@ def judge(j: Judge) -> dict:
         "unprepared": unprepared,
         "bandwidth": bandwidth or None,
         "left_out": list(j.left_out),
+        # --limit: were the links between the chosen nodes and the left-out ones tried (preflight-outside)?
+        "left_out_links": any(j.probe(h, "ssh") for h in j.left_out),
     }
 
 
@@ -104,7 +107,11 @@ def table(result: dict) -> str:
         bw = result["bandwidth"]
         lines.append(f"gloo all-reduce {bw['bytes'] / (1 << 20):.0f} MB: {bw['median_s']} s, "
                      f"bus bandwidth {bw['busbw_gbit_s']} Gbit/s")
-    if result.get("left_out"):
+    if result.get("left_out") and result.get("left_out_links"):
+        lines.append(f"not asked (--limit): {', '.join(result['left_out'])}; only the links between them and "
+                     "the chosen nodes were checked, not their own checks nor the gloo smoke test (preflight "
+                     "without --limit checks them)")
+    elif result.get("left_out"):
         lines.append(f"not asked (--limit): {', '.join(result['left_out'])}; links toward them and the gloo "
                      "smoke test were not checked (preflight without --limit checks them)")
     if result["failures"]:

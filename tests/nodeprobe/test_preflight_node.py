@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -121,3 +122,55 @@ def test_a_bad_spec_is_one_line():
     r = subprocess.run([sys.executable, "-m", "nodeprobe", "preflight-connect"], input="{not json",
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 2 and "not JSON" in r.stderr and "Traceback" not in r.stderr
+
+
+def outside_out(listen_port=40005, listen_master=None, held=None) -> str:
+    res = {"listen": {"ok": True, "port": listen_port}}
+    if listen_master:
+        res["listen_master"] = {"ok": True, "port": listen_master}
+    if held is not None:
+        res["port_holder"] = {"free": not held}
+    return json.dumps({"probe": "outside", "results": res, "connect": {"targets": {}}})
+
+
+def test_limit_the_master_expects_the_left_out_workers_too():
+    m = P.gather_argv(spec("node0", up=["node0", "node1"], left_out=["node2"]))
+    assert m[m.index("--expect") + 1] == "2"
+
+
+def test_limit_connect_targets_reach_the_left_out_nodes_and_a_left_out_masters_port():
+    addrs = {"node0": "10.77.0.10", "node1": "10.77.0.11", "node2": "10.77.0.12"}
+    # -l node1: node0 (the master) and node2 left out; node2's step printed nothing (no listener)
+    s = spec("node1", up=["node1"], addrs=addrs, peers={"node1": gather_out(40001)},
+             outside={"node0": outside_out(40005, held=False, listen_master=29500), "node2": ""})
+    assert P.connect_targets(s) == ["node0=10.77.0.10:40005", "@master=10.77.0.10:29500"]
+    # the master port is held (a live run's store): still a link to try; free but no listener: not
+    held = {**s, "outside": {"node0": outside_out(40005, held=True)}}
+    assert "@master=10.77.0.10:29500" in P.connect_targets(held)
+    silent = {**s, "outside": {"node0": outside_out(40005, held=False)}}
+    assert P.connect_targets(silent) == ["node0=10.77.0.10:40005"]
+    # on the left-out node itself: the play's listeners, and the master port when the master is in the play
+    w = P.connect_targets(spec("node1", up=["node0"], addrs=addrs, peers={"node0": gather_out(40000)}))
+    assert w == ["node0=10.77.0.10:40000", "@master=10.77.0.10:29500"]
+
+
+def test_outside_steps_listen_connect_and_stop_for_real():
+    peer = probe("listen", "--port", "0", "--seconds", "10", "--bind", "127.0.0.1", "--background")
+    s = spec("node1", up=["node0"], master_addr="127.0.0.1", master_port=str(peer["port"]),
+             addrs={"node0": "127.0.0.1"}, peers={"node0": gather_out(peer["port"])}, connect_timeout=2,
+             listen_seconds=20)
+    r = _step("preflight-outside", s)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["probe"] == "outside" and set(out["connect"]["targets"]) == {"node0", "@master"}
+    assert all(t["ok"] for t in out["connect"]["targets"].values())
+    port = out["results"]["listen"]["port"]
+    assert P.listener_port(r.stdout) == port
+    stop = _step("preflight-outside-stop", {**s, "opened": r.stdout})
+    assert json.loads(stop.stdout) == {"probe": "outside-stop", "stopped": {"listen": True}}
+    from nodeprobe import net
+
+    deadline = time.monotonic() + 5
+    while net.connect("127.0.0.1", port, 0.5).get("ok") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert net.connect("127.0.0.1", port, 0.5)["result"] == "refused"  # the listener is gone

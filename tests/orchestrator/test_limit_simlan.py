@@ -128,7 +128,51 @@ def test_prepare_limit_brings_a_wiped_node_back(finished, lab):
 
 @pytest.mark.parametrize("chosen,other", [("node1", "node0"), ("node0", "node1")])
 def test_preflight_limit_checks_the_chosen_node_and_says_what_it_left_out(finished, lab, chosen, other):
-    proc = playbook("preflight.yml", "-l", chosen, inventory=finished.inventory_dir, extra=lab)
+    proc = playbook("preflight.yml", "-l", chosen, inventory=finished.inventory_dir,
+                    extra={**lab, "preflight_debug_dump": "true"})
     assert proc.returncode == 0, tail(proc)
-    assert f"not asked (--limit): {other}; links toward them" in proc.stdout, tail(proc)
+    assert f"not asked (--limit): {other}; only the links between them and the chosen nodes" in proc.stdout
     assert "preflight: ok" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    hosts = json.loads((lab["ddplab_runs_dir"] / "preflight" / "latest.json").read_text())["hosts"]
+    for check in ("tcp_master", "tcp_peers"):  # real link rows toward the left-out node, both directions
+        assert hosts[other][check]["status"] == "ok" and hosts[chosen][check]["status"] == "ok", hosts
+    assert hosts[other]["torch"]["status"] == "n/a"
+    # the listener the left-out node opened for the chosen node was stopped
+    dump = lab["ddplab_runs_dir"] / "preflight" / "input" / chosen / "tcp_peers.json"
+    port = json.loads(dump.read_text())["targets"][other]["port"]
+    listening = finished.exec(other, ["ss", "-Htln", f"sport = :{port}"], timeout=30).stdout
+    assert listening.strip() == "", listening
+
+
+def test_preflight_limit_names_a_firewalled_link_toward_a_left_out_node(finished, lab):
+    node1_addr = finished.host("node1").addr
+    rule = ["INPUT", "-s", node1_addr, "-p", "tcp", "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP"]
+    finished.exec("node0", ["iptables", "-I", *rule], timeout=30, check=True)
+    try:
+        proc = playbook("preflight.yml", "-l", "node1", inventory=finished.inventory_dir, extra=lab)
+    finally:
+        finished.exec("node0", ["iptables", "-D", *rule], timeout=30, check=True)
+    assert proc.returncode != 0
+    assert "FAIL node0 tcp_peers: node1 -> node0" in proc.stdout, tail(proc)
+    assert f"fix: sudo ufw allow from {node1_addr}  # on node0" in proc.stdout, tail(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("silent,chosen", [("node0", "node1"), ("node1", "node0")])
+def test_preflight_limit_names_a_left_out_node_that_does_not_answer(finished, lab, silent, chosen):
+    finished.sshd(silent, "stop", cut=True)
+    try:
+        proc = playbook("preflight.yml", "-l", chosen, inventory=finished.inventory_dir, extra=lab)
+        status = playbook("status.yml", "-l", chosen, inventory=finished.inventory_dir, extra=lab)
+    finally:
+        finished.sshd(silent, "start")
+    assert proc.returncode != 0
+    want = f"FAIL {silent} ssh: {silent} (left out by --limit) did not answer over SSH, so its links with "
+    assert want + chosen in proc.stdout, tail(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    if silent == "node0":  # status needs the master's lab folder: one line naming it, not a silent stop
+        assert status.returncode != 0
+        want = "ddplab: error: node0 (the master, left out by --limit) did not answer over SSH"
+        assert want in status.stdout, tail(status)
+    else:
+        assert status.returncode == 0, tail(status)

@@ -118,3 +118,37 @@ def test_limit_rows_say_not_asked_and_the_gate_skips_the_smoke_test(tmp_path):
     assert "not checked (left out by --limit)" in result["hosts"]["a"]["tcp_peers"]["detail"]
     assert all(f["host"] == "a" for f in result["failures"])
     assert "not asked (--limit): b, c" in out.stdout
+
+
+def test_limit_links_with_the_left_out_nodes_are_real_rows(tmp_path):
+    """preflight.yml -l b: a (the master) answered and blocks b's connects; c did not answer over SSH."""
+    bundle = json.loads(json.dumps(BUNDLE))
+    inv = bundle["inventory"]
+    inv.update(left_out=["a", "c"], master_host="a", addrs={"a": "10.77.9.10", "c": "10.77.9.12"},
+               ranks={"a": 0, "c": 2})
+    inv["hosts"]["a"] = inv["hosts"]["c"] = {}
+    drop = {"ok": False, "result": "timeout", "timeout_s": 3.0, "address": "10.77.9.10"}
+    bundle["results"] = {
+        "ssh": {"b": {"ping": "pong"}},
+        "gather": {"b": _ran({"probe": "gather", "results": {"iface": {"ok": True, "dev": "eth0"}}})},
+        "tcp": {"b": _ran({"probe": "connect", "targets": {"a": {**drop, "port": 40000},
+                                                           "@master": {**drop, "port": 29500}}})},
+        "outside": {"a": _ran({"probe": "outside", "results": {"listen": {"ok": True, "port": 40000}},
+                               "connect": {"targets": {"b": {"ok": True, "port": 40001}}}})},
+        "outside_ssh": _ran({"probe": "connect", "targets": {
+            "a": {"ok": True}, "c": {"ok": False, "host": "10.77.9.12", "port": 22, "result": "refused",
+                                     "error": "Connection refused"}}})}
+    out = subprocess.run([sys.executable, "-m", "ddplab", "preflight-verdict", "--data-dir=", "--out",
+                          str(tmp_path / "v.json")], input=json.dumps(bundle), capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert out.returncode == 1, out.stderr
+    hosts = json.loads((tmp_path / "v.json").read_text())["hosts"]
+    assert hosts["a"]["ssh"]["status"] == "ok" and hosts["a"]["tcp_peers"]["status"] == "FAIL"
+    assert "b -> a 10.77.9.10:40000 timed out" in hosts["a"]["tcp_peers"]["detail"]
+    assert hosts["a"]["tcp_master"]["fix"] == "sudo ufw allow from 10.77.9.11  # on a"
+    assert hosts["a"]["torch"]["status"] == "n/a" and hosts["a"]["master_port"]["status"] == "n/a"
+    assert hosts["c"]["ssh"]["status"] == "FAIL" and "c (left out by --limit) did not answer over SSH" in \
+        hosts["c"]["ssh"]["detail"] and "10.77.9.12:22" in hosts["c"]["ssh"]["detail"]
+    assert {v["status"] for c, v in hosts["c"].items() if c != "ssh"} == {"n/a"}
+    assert "toward c: unknown (did not answer over SSH)" in hosts["b"]["tcp_peers"]["detail"]
+    assert "FAIL a tcp_peers: b -> a" in out.stdout and "FAIL c ssh:" in out.stdout
