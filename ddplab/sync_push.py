@@ -97,7 +97,7 @@ def push(spec: dict, progress: str) -> dict:
     if shutil.which("rsync") is None:
         raise DdplabError("rsync is not installed on the control host; install it (apt-get install rsync)")
     total = sum(os.path.getsize(f["src"]) for f in files)
-    meter, start, offset = Meter(total, len(files)), time.monotonic(), 0
+    meter, start, offset = Meter(total, len(files), [str(f["dest"]) for f in files]), time.monotonic(), 0
     last_write = 0.0
     write_state(progress, meter.state(0.0))
     for (src_dir, sub), rels in groups(files).items():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 PROGRESS = re.compile(r"^\s*([\d,.]+)\s+\d+%")
 WINDOW_S = 5.0
+SHOW_NAMES = 3
 
 
 def rsync_bytes(chunk: str) -> int | None:
@@ -41,6 +42,7 @@ def duration(s: float) -> str:
 class Meter:
     total: int
     files: int
+    names: list[str] = field(default_factory=list)  # the files' node paths, named in the final line
     samples: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, bytes done)
 
     def add(self, t: float, done: int) -> None:
@@ -68,14 +70,18 @@ class Meter:
     def state(self, elapsed: float, status: str = "running") -> dict:
         return {"state": status, "done": self.done, "total": self.total, "files": self.files,
                 "rate": self.rate, "eta": self.eta, "elapsed": round(elapsed, 1),
-                "line": line(status, self.done, self.total, self.files, self.rate, self.eta, elapsed)}
+                "line": line(status, self.done, self.total, self.files, self.rate, self.eta, elapsed,
+                             self.names)}
 
 
 def line(status: str, done: int, total: int, files: int, rate: float | None, eta: float | None,
-         elapsed: float) -> str:
+         elapsed: float, names: list[str] | None = None) -> str:
     if status == "done":
-        avg = f", {size(total / elapsed)}/s" if elapsed > 0 else ""
-        return f"sent {size(total)} in {files} files in {elapsed:.1f} s{avg}"
+        avg = f" ({size(total / elapsed)}/s)" if elapsed > 0 else ""
+        named = sorted(names or [])
+        more = " ..." if len(named) > SHOW_NAMES else ""
+        which = f": {', '.join(named[:SHOW_NAMES])}{more}" if named else ""
+        return f"sent {size(total)} in {elapsed:.1f} s{avg}, {files} file{'s' if files != 1 else ''}{which}"
     pct = 100 * done / total if total else 100.0
     shown_rate = f"{size(rate)}/s" if rate is not None else "-/s"
     shown_eta = duration(eta) if eta is not None else "-"
