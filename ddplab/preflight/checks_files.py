@@ -100,6 +100,6 @@ def sync_dirs(j: Judge, h: str) -> None:
     if bad:
         dests = ", ".join(b.split(":")[0].split("/ ")[0] for b in bad)
         j.fail(h, "sync_dirs", "; ".join(bad),
-               f"re-run playbooks/prepare.yml (--tags data syncs only these) to sync {dests} to {h}")
+               f"re-run playbooks/prepare.yml (--tags sync: these folders alone) to sync {dests} to {h}")
     else:
         j.set(h, "sync_dirs", OK, ", ".join(shown))
