@@ -2,8 +2,9 @@
 
 report, follow, status (a run's outcome, live panes, which node failed first); validate, settings (check
 every setting before a node is touched; write the generated defaults and docs); preflight-verdict (judge
-the preflight's probes); code-tree (plan a code sync); interrupt-guard (stop a run when its waiting
-playbook is interrupted); check-requirements (refuse a requirements file that asks for another torch).
+the preflight's probes); code-tree (plan a code sync); sync-push (rsync files to a node, with progress);
+interrupt-guard (stop a run when its waiting playbook is interrupted); check-requirements (refuse a
+requirements file that asks for another torch).
 """
 
 import argparse
@@ -23,6 +24,7 @@ VERBS = {
     "settings": "ddplab.settings",
     "preflight-verdict": "ddplab.preflight.verdict",
     "code-tree": "ddplab.code_tree",
+    "sync-push": "ddplab.sync_push",
     "interrupt-guard": "ddplab.interrupt_guard",
     "check-requirements": "ddplab.check_requirements",
 }

@@ -1,6 +1,7 @@
 """``python -m ddplab code-tree TREES_JSON``: the control-side plan of a code sync.
 
-TREES_JSON is a list of ``{src, dest, mode[, include]}``: mode "all" takes every file under src; mode
+TREES_JSON is a list of ``{src, dest, mode[, include]}`` (dest "": src alone, its files at the top, as a
+ddplab_sync_dirs folder is planned): mode "all" takes every file under src; mode
 "gitignore" takes what git would commit (``git ls-files --cached --others --exclude-standard``) when
 src is inside a git work tree, else every file minus the patterns of src/.gitignore (simple fnmatch
 patterns: ``name``, ``dir/``, ``/anchored``, ``*.ext``, ``a/**/b``; ``!`` negation is not supported);
@@ -94,7 +95,7 @@ def plan(trees: list[dict]) -> dict:
                 raise DdplabError(f"{os.path.join(src, rel)} is not readable; fix its permissions or "
                                   "ignore it in .gitignore")
         own = hashing.tree_lines(src, rels)
-        lines += [(f"{dest}/{rel}", os.path.join(src, rel), ln.split("  ", 1)[0])
+        lines += [(f"{dest}/{rel}" if dest else rel, os.path.join(src, rel), ln.split("  ", 1)[0])
                   for rel, ln in zip(rels, own, strict=True)]
         info.append({"src": src, "dest": dest, "method": method, "files": len(rels),
                      "hash": hashing.lines_digest(own), "git_commit": commit, "git_dirty": dirty,

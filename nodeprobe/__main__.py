@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--threads", type=_positive(int), help="threads the run is configured to use")
     f.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto", help="compute dtype asked")
     f.add_argument("--code", action="append", help="code folder to hash (repeatable: trainer, nodeprobe)")
+    f.add_argument("--sync-dir", action="append", metavar="NAME=PATH",
+                   help="a ddplab_sync_dirs folder to hash, NAME its configured dest (repeatable)")
     f.add_argument("--allow-bf16", action="store_true", help="as the trainer's flag: auto may pick bf16")
     f.add_argument("--force-dtype", action="store_true", help="as the trainer's flag (bf16 still reported)")
     f.add_argument("--depth", type=_positive(int), default=2, help="model depth (blocks)")
@@ -90,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     ga.add_argument("--data", help="shard folder (fingerprint)")
     ga.add_argument("--threads", type=_positive(int), help="threads the run is configured to use")
     ga.add_argument("--code", action="append", help="code folder to hash (repeatable)")
+    ga.add_argument("--sync-dir", action="append", metavar="NAME=PATH",
+                    help="a ddplab_sync_dirs folder to hash (fingerprint; repeatable)")
     ga.add_argument("--world", type=_positive(int), default=2, help="ranks in the run")
     ga.add_argument("--fingerprint-timeout", type=_positive(float), default=150.0,
                     help="seconds to wait for the warm child's fingerprint (torch import, hashing)")

@@ -235,6 +235,8 @@ def run(args) -> dict:
         "memory": memory_info(sizes),
         "dtype": dtype_info(args.dtype, cpu["bf16_units"], args.allow_bf16),
         "code": {Path(d).name or str(d): hashing.tree_hash(Path(d)) for d in (args.code or [])},
+        "sync_dirs": {name: hashing.tree_hash(Path(path)) for name, _, path
+                      in (d.partition("=") for d in (getattr(args, "sync_dir", None) or []))},
     }
     if args.data:
         out["data"] = hashing.shard_set(Path(args.data))

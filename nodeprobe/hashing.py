@@ -10,8 +10,8 @@ preflight's fingerprint and verdict compare with it, the dataset role verifies s
   code folder's own .ddplab-code* records); the hash is sha256 of those lines, each ending in
   ``\\n`` (what ``sha256sum`` prints, so ``sha256sum`` can check it by hand).
   On a node, a synced tree counts only the files ddplab placed in it (``RECORD`` in the code folder,
-  written by roles/code_sync): what the user's code writes there (checkpoints, ``out/``) is neither
-  hashed nor pruned.
+  ``SYNC_RECORD`` in a ddplab_sync_dirs folder, both written by roles/code_sync): what the user's code
+  writes there (checkpoints, ``out/``) is neither hashed nor pruned.
 - Manifest digest (docs/contracts.md): sha256 of the sorted lines ``"<file> <sha256>\\n"``;
   ``verify_shards`` checks a data folder against a manifest.
 """
@@ -28,8 +28,10 @@ from pathlib import Path
 CHUNK = 1 << 20
 # In a node's code folder: {tree folder: [paths relative to it of the files ddplab placed]}.
 RECORD = ".ddplab-code-files.json"
+# In a ddplab_sync_dirs folder on a node: [paths relative to it of the files ddplab placed].
+SYNC_RECORD = ".ddplab-sync-files.json"
 # Never synced and never hashed: rebuilt on the node (bytecode), tool state, the sync's own records.
-EXCLUDE = re.compile(r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$|^\.ddplab-code")
+EXCLUDE = re.compile(r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$|^\.ddplab-(code|sync-files)")
 
 
 def sha256_file(path) -> str:
@@ -47,8 +49,16 @@ def excluded(rel: str) -> bool:
 def placed(root) -> dict[str, set[str]]:
     """The synced trees at or under ``root`` with the files ddplab placed in them, from the code folder's
     RECORD (in root, or in its parent when root is one tree): {tree prefix relative to root ("" when root
-    is the tree): {root-relative paths}}; {} without a record (the control host, an older node)."""
+    is the tree): {root-relative paths}}; {} without a record (the control host, an older node). A sync
+    dir's own SYNC_RECORD (a list) makes root one tree."""
     root = os.path.abspath(root)
+    try:
+        with open(os.path.join(root, SYNC_RECORD)) as f:
+            files = json.load(f)
+        if isinstance(files, list):
+            return {"": set(map(str, files))}
+    except (OSError, ValueError):
+        pass
     for code_dir in (root, os.path.dirname(root)):
         try:
             with open(os.path.join(code_dir, RECORD)) as f:

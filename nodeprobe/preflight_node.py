@@ -73,6 +73,8 @@ def gather_argv(spec: dict) -> list[str]:
         trees.append(spec["user_code"])
     for tree in trees:
         argv += ["--code", str(code_dir / tree)]
+    for dest in spec.get("sync_dirs") or []:  # ddplab_sync_dirs: absolute, or relative to the lab folder
+        argv += ["--sync-dir", f"{dest}={Path(str(spec['root'])) / str(dest)}"]
     return argv
 
 

@@ -1,4 +1,5 @@
-"""Checks of the node's copies against the control host: code trees and shards (nodeprobe.hashing)."""
+"""Checks of the node's copies against the control host: code trees, shards and ddplab_sync_dirs folders
+(nodeprobe.hashing)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,32 @@ def data(j: Judge, h: str) -> None:
                              f"{str(node_digest)[:12]})", fix_all + " to resync manifest.json")
         return
     j.set(h, "data", OK, f"{data['count']} shards, digest {data['digest'][:12]} matches {ref_name}")
+
+
+def sync_dirs(j: Judge, h: str) -> None:
+    """Each ddplab_sync_dirs folder on the node (only the files ddplab placed) against its src here."""
+    if not j.control_sync:
+        j.set(h, "sync_dirs", NA, "no ddplab_sync_dirs")
+        return
+    fp = j.need(h, "sync_dirs", "fingerprint")
+    if not fp:
+        return
+    have = fp.get("sync_dirs") or {}
+    bad, shown = [], []
+    for dest, ref in sorted(j.control_sync.items()):
+        info = have.get(dest)
+        if info is None:
+            bad.append(f"{dest}: not hashed (fingerprint ran without --sync-dir)")
+        elif info.get("error"):
+            bad.append(f"{dest}: not on the node ({info['error']})")
+        elif info["sha256"] != ref["sha256"]:
+            bad.append(f"{dest}/ differs from {ref['path']} on the control host ({info['files']} vs "
+                       f"{ref['files']} files, {info['sha256'][:12]} vs {ref['sha256'][:12]})")
+        else:
+            shown.append(f"{dest} {info['files']} files {info['sha256'][:12]}")
+    if bad:
+        dests = ", ".join(b.split(":")[0].split("/ ")[0] for b in bad)
+        j.fail(h, "sync_dirs", "; ".join(bad),
+               f"re-run playbooks/prepare.yml (--tags sync: these folders alone) to sync {dests} to {h}")
+    else:
+        j.set(h, "sync_dirs", OK, ", ".join(shown))

@@ -10,7 +10,8 @@ import ipaddress
 from ddplab.preflight.collect import Inputs
 
 CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "memory", "code", "data",
-          "iface", "hostname", "tcp_master", "tcp_peers", "master_port", "stale_processes", "gloo_smoke")
+          "sync_dirs", "iface", "hostname", "tcp_master", "tcp_peers", "master_port", "stale_processes",
+          "gloo_smoke")
 OK, FAIL, SKIP, NA = "ok", "FAIL", "skip", "n/a"
 # Probe errors that mean the node was never prepared (no code or no Python there).
 NOT_PREPARED = ("No module named 'nodeprobe'", "No module named nodeprobe", "not prepared")
@@ -30,7 +31,8 @@ def gib(n) -> str:
 
 
 class Judge:
-    def __init__(self, inputs: Inputs, manifest: dict | None, control_code: dict | None):
+    def __init__(self, inputs: Inputs, manifest: dict | None, control_code: dict | None,
+                 control_sync: dict | None = None):
         self.inv = inputs.inventory
         self.hosts = {str(h): (v if isinstance(v, dict) else {}) for h, v in self.inv["hosts"].items()}
         # Nodes outside --limit: known from the inventory (rank, address), never probed.
@@ -42,6 +44,7 @@ class Judge:
         self.port = self.inv.get("master_port", 29500)
         self.manifest = manifest
         self.control_code = control_code or {}
+        self.control_sync = control_sync or {}  # ddplab_sync_dirs: {dest: {"sha256", "files", "path"}}
         masters = self.masters()
         self.master = masters[0] if len(masters) == 1 else None
         self.all_local = all(v.get("local") for v in self.hosts.values())

@@ -33,7 +33,8 @@ SMOKE_NEEDS = ("inventory", "ssh", "torch", "gloo", "iface", "hostname", "tcp_ma
                "master_port", "stale_processes")
 # Per reachable host, in this order (the smoke check reads the others' failures, so it comes last).
 HOST_CHECKS = (checks_node.python, checks_node.torch, checks_node.dtype, checks_node.threads,
-               checks_node.memory, checks_files.code, checks_files.data, checks_network.iface,
+               checks_node.memory, checks_files.code, checks_files.data, checks_files.sync_dirs,
+               checks_network.iface,
                checks_network.hostname, checks_network.master_port, checks_network.stale)
 
 
@@ -189,6 +190,22 @@ def control_code(args, inputs: collect.Inputs) -> dict:
     return code
 
 
+def control_sync(args) -> dict:
+    """{dest: {"sha256", "files", "path"}} of each ddplab_sync_dirs src here (none with --gate)."""
+    out = {}
+    for text in [] if args.gate else args.sync_dir:
+        try:
+            entry = json.loads(text)
+            src, dest = os.path.expanduser(str(entry["src"])), str(entry["dest"])
+        except (ValueError, TypeError, KeyError):
+            raise InputError(f"--sync-dir {text!r}: use a JSON {{\"src\": ..., \"dest\": ...}}") from None
+        info = hashing.tree_hash(src)
+        if info.get("error"):
+            raise InputError(f"ddplab_sync_dirs: src {info['error']} on the control host")
+        out[dest] = info
+    return out
+
+
 def code_refs(refs: list[str]) -> dict:
     out = {}
     for ref in refs:
@@ -215,6 +232,8 @@ def add_parser(sub):
                    help="a ddplab_code_include glob: git-ignored files of --code-tree's folder it ships")
     p.add_argument("--code-ref", action="append", default=[], metavar="NAME=SHA256",
                    help="the control host's tree hash of code folder NAME (repeatable)")
+    p.add_argument("--sync-dir", action="append", default=[], metavar="JSON",
+                   help='a ddplab_sync_dirs entry {"src": ..., "dest": ...}: the node\'s dest must equal src')
     p.add_argument("--dump", default="", help="also write the inputs to this folder (debugging; '' = no)")
     p.add_argument("--gate", action="store_true",
                    help="print {\"smoke\": true/false, \"reason\": ...}: may the gloo smoke test run? "
@@ -236,7 +255,7 @@ def cmd_verdict(args) -> int:
             manifest, err = hashing.load_manifest(mpath)
             if err:
                 raise InputError(f"control manifest: {err}")
-        result = judge(Judge(inputs, manifest, control_code(args, inputs)))
+        result = judge(Judge(inputs, manifest, control_code(args, inputs), control_sync(args)))
     except InputError as e:
         raise DdplabError(str(e)) from None
     if args.gate:

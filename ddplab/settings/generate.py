@@ -64,7 +64,7 @@ def argument_specs_yml() -> str:
         lines.append(f"      {s.name}:")
         lines.append(f"        type: {s.kind}")
         if s.kind == "list":
-            lines.append("        elements: str")
+            lines.append(f"        elements: {s.elements}")
         if s.choices:
             lines.append(f"        choices: {json.dumps(list(s.choices))}")
         if s.default is not None and not s.jinja:

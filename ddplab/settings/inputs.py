@@ -19,6 +19,9 @@ HASH_BUDGET_BYTES = 256 << 20
 MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ENV_RESERVED = re.compile(r"DDPLAB_.*|MASTER_ADDR|MASTER_PORT|NODE_RANK|NNODES|NPROC_PER_NODE|PYTHONPATH")
+# The lab's own node paths (relative to ddplab_root) that a sync dir must not be, or be inside of.
+LAB_OWN = ("code", "venv", "runs")
+LAB_OWN_EXACT = ("data", "python", "last_run", "tmux.sock")
 REGEN = "regenerate it with `make data` (or python -m trainer.data prepare --out DIR)"
 
 
@@ -113,6 +116,36 @@ def env(v: dict, host: str) -> list[Problem]:
                            "rename or remove those variables", hosts=[host]))
     return out
 
+
+def sync_dirs(v: dict) -> list[Problem]:
+    """ddplab_sync_dirs: each src an existing folder here, each dest a node path that stays where it says
+    (absolute, or inside ddplab_root without `..`), away from the lab's own folders and the other dests."""
+    out, seen = [], []
+    name = "ddplab_sync_dirs"
+    allowed = ("src: an existing folder on the control host; dest: an absolute node path or one relative to "
+               "ddplab_root, without '..', outside its code/, venv/, runs/ and other dests")
+    for entry in v["ddplab_sync_dirs"]:
+        src, dest = entry["src"], entry["dest"]
+        shown = json.dumps(entry)
+        path = os.path.expanduser(src)
+        if not os.path.isdir(path):
+            what = "is a file" if os.path.exists(path) else "does not exist"
+            out.append(_p(name, f"{shown}: src {path} {what} on the control host", allowed,
+                          "point src at the data folder on this host (prepare it first)"))
+        parts = dest.replace("\\", "/").split("/")
+        norm = os.path.normpath(dest) if dest else ""
+        rel = not dest.startswith("/")
+        if ".." in parts or dest.startswith("~") or norm in ("", ".", "/") \
+                or (rel and (parts[0] in LAB_OWN or norm in LAB_OWN_EXACT)):
+            out.append(_p(name, f"{shown}: dest {json.dumps(dest)} is not a folder of its own on the node",
+                          allowed, 'use e.g. "data/owt" (under ddplab_root) or "/srv/data/owt"'))
+            continue
+        key = norm if not rel else "@root/" + norm
+        if any(key == o or key.startswith(o + "/") or o.startswith(key + "/") for o in seen):
+            out.append(_p(name, f"{shown}: dest {json.dumps(dest)} overlaps another entry's dest", allowed,
+                          "give each entry its own folder, none inside another"))
+        seen.append(key)
+    return out
 
 
 def shards(v: dict) -> list[Problem]:

@@ -18,7 +18,7 @@ RUN, CODE, HOST = "run", "code", "host"
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str  # int, bool, str, list (of strings), dict (of strings)
+    kind: str  # int, bool, str, list (of strings, or of mappings: `elements`), dict (of strings)
     default: object  # a value, or a Jinja string (see `jinja`); None: no default (host settings)
     doc: str  # one line (the generated files wrap it)
     section: str = RUN
@@ -30,6 +30,7 @@ class Setting:
     per_host: bool = False  # may differ between hosts (else one value for the whole run)
     example: object = None  # shown in the example inventory instead of the default
     required: bool = False  # host settings every node must have
+    elements: str = "str"  # a list's items: str, or dict (each {src, dest}: ddplab_sync_dirs)
 
     @property
     def jinja(self) -> bool:
@@ -45,6 +46,9 @@ class Setting:
             return "an integer"
         if self.kind == "bool":
             return "true or false (also yes/no, on/off, 1/0)"
+        if self.kind == "list" and self.elements == "dict":
+            return ("a list of {src: control-host folder, dest: node folder}, e.g. "
+                    "[{\"src\": \"/data/owt\", \"dest\": \"data/owt\"}]")
         if self.kind == "list":
             return "a list of strings, e.g. [\"a\", \"b\"]"
         if self.kind == "dict":
@@ -146,6 +150,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Globs relative to ddplab_code_dir of files to ship although git ignores them (prepared data, "
             "tokenizers; ** recurses); synced, hashed and checked by preflight like the code.", section=CODE,
             example=["data/**/*.bin", "data/**/meta.pkl"]),
+    Setting("ddplab_sync_dirs", "list", [],
+            "Folders of data that lives outside the code, each {src: a folder on the control host, dest: its "
+            "node path, absolute or relative to ddplab_root}: every file of src is synced (rsync, only what "
+            "changed, with progress), hashed and checked by preflight; files ddplab did not place are never "
+            "removed from dest.", section=CODE, elements="dict",
+            example=[{"src": "/home/me/datasets/owt", "dest": "data/owt"}]),
     Setting("ddplab_code_check", "bool", True,
             "Scan the entry point and the modules it imports (Python ast, nothing run) for what fails on CPU "
             "nodes under gloo, before any node changes; a certain failure refuses the launch (file:line and "

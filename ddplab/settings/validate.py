@@ -109,13 +109,14 @@ def _consistency(values: dict[str, dict]) -> list[Problem]:
 # The control host's inputs (code, shards, trainer flags, the torch pin) are checked only for the
 # playbooks that use them ("inputs": true, the default); status, stop, collect_logs and wait only watch
 # a run and must work without the shards on this host.
-INPUT_CHECKS = ("code", "shards", "trainer_args")
+INPUT_CHECKS = ("code", "shards", "trainer_args", "sync_dirs")
 RUN_CHECKS = (
     (inputs.relations, ("ddplab_code_dir", "ddplab_entrypoint", "ddplab_data_dir",
                         "ddplab_pip_requirements", "ddplab_entrypoint_args")),
     (inputs.folders, ("ddplab_repo_dir", "ddplab_runs_dir")),
     (inputs.code, ("ddplab_code_dir", "ddplab_entrypoint", "ddplab_pip_requirements")),
     (inputs.shards, ("ddplab_data_dir", "ddplab_entrypoint")),
+    (inputs.sync_dirs, ("ddplab_sync_dirs",)),
     (external.trainer_args, ("ddplab_entrypoint", "ddplab_data_dir", "ddplab_run_id", "ddplab_trainer_steps",
                              "ddplab_trainer_depth", "ddplab_pg_timeout", "ddplab_resume",
                              "ddplab_trainer_extra_args", "ddplab_threads", "ddplab_balance")),

@@ -32,6 +32,9 @@ def shown(value) -> str:
 
 
 def _fix(s: Setting, value) -> str:
+    if s.kind == "list" and s.elements == "dict":
+        return (f"write it as a list of mappings: {s.name}: [{{src: /path/on/control, dest: data/name}}] in "
+                f"group_vars, or -e '{{\"{s.name}\": [{{\"src\": ..., \"dest\": ...}}]}}'")
     if s.kind == "list":
         items = [value] if isinstance(value, str) and value else ["..."]
         return (f"write it as a list: -e '{json.dumps({s.name: items})}' or {s.name}: {json.dumps(items)} "
@@ -87,6 +90,12 @@ def coerce(s: Setting, value) -> tuple[object, Problem | None]:
         if value and s.pattern and not re.fullmatch(s.pattern, value):
             return bad()
         return value, None
+    if s.kind == "list" and s.elements == "dict":
+        if not isinstance(value, list) or not all(isinstance(v, dict) and set(v) == {"src", "dest"}
+                                                  and all(_scalar(x) and str(x) for x in v.values())
+                                                  for v in value):
+            return bad()
+        return [{"src": str(v["src"]), "dest": str(v["dest"])} for v in value], None
     if s.kind == "list":
         if not isinstance(value, list) or not all(_scalar(v) for v in value):
             return bad()

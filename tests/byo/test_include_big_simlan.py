@@ -21,10 +21,16 @@ def git(cwd, *args):
     subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, timeout=60)
 
 
-def copied(proc) -> set[str]:
-    """The files the code sync copied (its 'Copy the files that differ' items that changed)."""
-    section = proc.stdout.split("Copy the files that differ", 1)[1].split("TASK [", 1)[0]
-    return set(re.findall(r"changed: \[node\d\] => \(item=(\S+)\)", section))
+def sent(proc) -> dict[str, str]:
+    """Each node's last progress line of the code transfer (roles/code_sync/tasks/push_poll.yml)."""
+    return dict(re.findall(r'ok: \[(node\d)\] => \{\s+"msg": "code: (sent [^"]+)"', proc.stdout))
+
+
+def inodes(cluster, host, folder) -> dict[str, str]:
+    """name -> inode of the files in a node folder: rsync writes a sent file anew (a new inode)."""
+    out = cluster.exec(host, ["stat", "-c", "%n %i", *[f"{folder}/part{i}.bin" for i in range(PARTS)]],
+                       timeout=60, check=True).stdout
+    return dict(line.rsplit(" ", 1) for line in out.splitlines())
 
 
 def test_a_big_ignored_data_folder_travels_once_then_only_the_changed_file(simlan_cluster, tmp_path):
@@ -50,7 +56,11 @@ def test_a_big_ignored_data_folder_travels_once_then_only_the_changed_file(simla
                          extra=extra, timeout=1200)
         t_first = time.monotonic() - t0
         assert first.returncode == 0, tail(first)
-        assert {f"user/data/part{i}.bin" for i in range(PARTS)} <= copied(first)
+        lines = sent(first)
+        assert sorted(lines) == ["node0", "node1"], tail(first)
+        assert all(re.match(r"sent \d", ln) for ln in lines.values()), lines  # the code and the data
+        folder = "/root/ddplab/code/user/data"
+        before = {h: inodes(cluster, h, folder) for h in ("node0", "node1")}
         with open(repo / "data" / "part3.bin", "r+b") as f:
             f.write(b"changed")
         t0 = time.monotonic()
@@ -58,7 +68,12 @@ def test_a_big_ignored_data_folder_travels_once_then_only_the_changed_file(simla
                           extra=extra, timeout=1200)
         t_second = time.monotonic() - t0
         assert second.returncode == 0, tail(second)
-        assert copied(second) == {"user/data/part3.bin"}
+        lines = sent(second)
+        assert sorted(lines) == ["node0", "node1"], tail(second)
+        assert all(ln.endswith("1 file: user/data/part3.bin") for ln in lines.values()), lines
+        for h in ("node0", "node1"):
+            after = inodes(cluster, h, folder)
+            assert [n for n in after if after[n] != before[h][n]] == [f"{folder}/part3.bin"], (before, after)
         for host in ("node0", "node1"):
             sums = cluster.exec(host, ["sha256sum", "/root/ddplab/code/user/data/part3.bin"], timeout=120,
                                 check=True).stdout.split()[0]
@@ -66,6 +81,7 @@ def test_a_big_ignored_data_folder_travels_once_then_only_the_changed_file(simla
                                    text=True, check=True).stdout.split()[0]
             assert sums == local
         print(f"\nddplab_code_include {TOTAL_MB} MiB in {PARTS} files to 2 hosts: first sync "
-              f"{t_first:.1f} s (prepare.yml --tags code), one file changed: {t_second:.1f} s")
+              f"{t_first:.1f} s (prepare.yml --tags code), one file changed: {t_second:.1f} s; "
+              f"rsync's own lines: {lines}")
     finally:
         simlan_cluster.discard()  # 1 GiB in each host's lab folder

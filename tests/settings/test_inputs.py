@@ -223,3 +223,43 @@ def test_watching_playbooks_do_not_need_the_inputs(data, tmp_path):
     # the settings themselves are still checked
     bad = inventory(data, ddplab_data_dir=str(gone), ddplab_master_port=99999)
     assert "ddplab_master_port" in " ".join(errors({**bad, "inputs": False}))
+
+
+def sync(data, tmp_path, *entries):
+    return inventory(data, ddplab_sync_dirs=[{"src": str(s), "dest": d} for s, d in entries])
+
+
+def test_sync_dirs_healthy(data, tmp_path):
+    assert errors(sync(data, tmp_path, (tmp_path, "data/owt"), (data, "/srv/shards"), (data, "extra"))) == []
+
+
+@pytest.mark.parametrize(("src", "dest", "found"), [
+    ("/nonexistent", "data/owt", "src /nonexistent does not exist on the control host"),
+    ("FILE", "data/owt", "is a file on the control host"),
+    ("DIR", "../outside", 'dest "../outside" is not a folder of its own'),
+    ("DIR", "data/../../x", 'dest "data/../../x" is not a folder of its own'),
+    ("DIR", "/srv/../x", 'dest "/srv/../x" is not a folder of its own'),
+    ("DIR", "~/x", 'dest "~/x" is not a folder of its own'),
+    ("DIR", "/", 'dest "/" is not a folder of its own'),
+    ("DIR", ".", 'dest "." is not a folder of its own'),
+    ("DIR", "code/data", 'dest "code/data" is not a folder of its own'),
+    ("DIR", "runs", 'dest "runs" is not a folder of its own'),
+    ("DIR", "data", 'dest "data" is not a folder of its own'),
+])
+def test_sync_dirs_bad_entry(data, tmp_path, src, dest, found):
+    src = {"FILE": str(data / "manifest.json"), "DIR": str(tmp_path)}.get(src, src)
+    line = one_error(sync(data, tmp_path, (src, dest)), "ddplab_sync_dirs")
+    assert line.startswith("ddplab: error: ddplab_sync_dirs (all): ") and found in line
+
+
+def test_sync_dirs_overlapping_dests(data, tmp_path):
+    line = one_error(sync(data, tmp_path, (tmp_path, "data/a"), (data, "data/a/b")), "ddplab_sync_dirs")
+    assert 'dest "data/a/b" overlaps another entry' in line
+    assert errors(sync(data, tmp_path, (tmp_path, "data/a"), (data, "data/ab"))) == []
+
+
+@pytest.mark.parametrize("value", ["data", ["data"], [{"src": "/tmp"}], [{"src": "/tmp", "dest": ""}],
+                                   [{"src": "/tmp", "dest": "x", "mode": "all"}]])
+def test_sync_dirs_shape(data, value):
+    line = one_error(inventory(data, ddplab_sync_dirs=value), "ddplab_sync_dirs")
+    assert "a list of {src: control-host folder, dest: node folder}" in line

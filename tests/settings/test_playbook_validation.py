@@ -104,6 +104,12 @@ def _missing_entry(lab):
         f"ddplab_entrypoint (all): \"missing.py\": {lab['code']}/missing.py does not exist"
 
 
+def _sync_dest_escapes(lab):
+    entry = json.dumps({"src": str(lab["data"]), "dest": "../../etc"})
+    return ["-e", json.dumps({"ddplab_sync_dirs": [json.loads(entry)]})], \
+        f'ddplab_sync_dirs (all): {entry}: dest "../../etc" is not a folder of its own on the node'
+
+
 E = "ddplab: error: "
 
 
@@ -155,6 +161,13 @@ ROWS = {
     "missing_group": (_missing_group, None),
     "limit_leaves_out_a_node": (["--limit", "local1"], "ddplab: error: --limit leaves out local0"),
     "typos_in_group_and_host_vars": (_typos_in_files, None),
+    # ddplab_sync_dirs
+    "sync_src_missing": (["-e", '{"ddplab_sync_dirs": [{"src": "/nonexistent", "dest": "data/owt"}]}'],
+                         'ddplab_sync_dirs (all): {"src": "/nonexistent", "dest": "data/owt"}: '
+                         "src /nonexistent does not exist on the control host"),
+    "sync_dest_escapes": (_sync_dest_escapes, None),
+    "sync_dirs_string": (e("ddplab_sync_dirs", "/data"),
+                         'ddplab_sync_dirs (all): "/data" (a string); a list of {src: control-host folder'),
 }
 
 

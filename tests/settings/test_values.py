@@ -96,6 +96,9 @@ def _neighbours(s):
         return out + [("x", False), ("", False), (1.5, False), (True, False), ([1], False), ({"a": 1}, False)]
     if s.kind == "bool":
         return [("maybe", False), ("", False), (2, False), (None, False), ("on", True), ("NO", True)]
+    if s.kind == "list" and s.elements == "dict":
+        return [("a", False), (["a"], False), ([{"src": "a"}], False), ([{"src": "a", "dest": ["b"]}], False),
+                (None, False), ([], True), ([{"src": "a", "dest": "b"}], True)]
     if s.kind == "list":
         return [("a", False), ({"a": "b"}, False), ([{"a": "b"}], False), (None, False), ([], True)]
     if s.kind == "dict":
