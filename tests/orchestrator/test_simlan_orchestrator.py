@@ -1,8 +1,9 @@
 """The playbooks against 2 simulated hosts (real sshd, ufw, tmux, torchrun over the simlan bridge).
 
-One cluster serves the whole module: the `first_launch` fixture prepares it and trains once (with a
-port squatter on the master), and every test asks for that fixture, so each test also runs alone
-(`pytest -k ufw`). The stop test discards the cluster at its end.
+One cluster serves the whole module: the `first_launch` fixture prepares it and trains once (after a
+launch refused by another program's listener on the master port, which the test then ends itself), and
+every test asks for that fixture, so each test also runs alone (`pytest -k ufw`). The stop test
+discards the cluster at its end.
 """
 
 import json
@@ -44,10 +45,11 @@ def lab_pids(cluster, host, run_id):
 
 @pytest.fixture(scope="module")
 def first_launch(simlan_cluster, lab):
-    """launch.yml (prepare, preflight, train 8 steps, wait) on fresh hosts, with a stale listener on the
-    master port: (the playbook run, the squatter's pid). The module's later tests start from here."""
+    """launch.yml (prepare, preflight, train 8 steps, wait) on fresh hosts, first with a listener of another
+    program on the master port: (the refused launch, the squatter's pid, whether it survived it, the
+    launch made once the test ended the squatter itself). The module's later tests start from here."""
     simlan2 = simlan_cluster(2, fresh=True)
-    # A stale listener on the master port: the master would fail with EADDRINUSE, the worker hang.
+    # Another program on the master port: the master would fail with EADDRINUSE, the worker hang.
     squatter = simlan2.exec("node0", ["bash", "-c", f"setsid {sys.executable} -c 'import socket,time; "
                                       f"s=socket.socket(); s.bind((\"0.0.0.0\",{PORT})); s.listen(); "
                                       f"time.sleep(3600)' >/dev/null 2>&1 </dev/null & echo $!"], timeout=30)
@@ -55,21 +57,29 @@ def first_launch(simlan_cluster, lab):
     time.sleep(0.5)
     assert f":{PORT}" in simlan2.exec("node0", ["ss", "-Htln"], timeout=30).stdout
 
-    proc = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=420,
-                    extra={**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 8, "ddplab_run_id": "sim-a"})
-    return proc, squatter_pid
+    extra = {**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 8, "ddplab_run_id": "sim-a"}
+    refused = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=420, extra=extra)
+    survived = simlan2.exec("node0", ["kill", "-0", squatter_pid], timeout=30).returncode == 0
+    # ddplab names it and leaves it alone: ending it is the user's call, made here
+    simlan2.exec("node0", ["kill", squatter_pid], timeout=30)
+    proc = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=420, extra=extra)
+    return proc, squatter_pid, survived, refused
 
 
 def _prepared(first_launch) -> None:
-    proc, _ = first_launch
+    proc = first_launch[0]
     assert proc.returncode == 0, "the module's first launch.yml failed:\n" + tail(proc)
 
 
-def test_launch_trains_across_hosts_and_kills_the_port_squatter(simlan2, lab, first_launch):
-    proc, squatter_pid = first_launch
+def test_launch_names_the_port_squatter_then_trains_across_hosts(simlan2, lab, first_launch):
+    proc, squatter_pid, survived, refused = first_launch
+    assert refused.returncode != 0, tail(refused)
+    assert (f"ddplab: error: node0: master port {PORT} is held by PID {squatter_pid} of user root: "
+            f"{sys.executable} -c import socket") in refused.stdout, tail(refused)
+    assert "-e ddplab_master_port=N" in refused.stdout
+    assert survived, "prepare signalled another program's process"
+    assert not (lab["ddplab_runs_dir"] / "sim-a" / "summary.json").exists()  # nothing was started
     assert proc.returncode == 0, tail(proc)
-    assert f"{squatter_pid} (listening on master port {PORT})" in proc.stdout
-    assert simlan2.exec("node0", ["kill", "-0", squatter_pid], timeout=30).returncode != 0
 
     run = lab["ddplab_runs_dir"] / "sim-a"
     summary = json.loads((run / "summary.json").read_text())
