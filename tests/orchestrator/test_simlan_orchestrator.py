@@ -8,6 +8,7 @@ discards the cluster at its end.
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -141,11 +142,45 @@ def test_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab, f
     summary = json.loads((lab["ddplab_runs_dir"] / "sim-cut" / "summary.json").read_text())
     assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
     assert summary["steps"] == 60 and summary["byte_equivalent"] is True
-    # paramiko follow saw both panes to the end across the SSH cut.
+    # follow (ssh) saw both panes to the end across the SSH cut.
     out = follow_out["proc"]
     assert out.returncode == 0, out.stderr
     assert "node0 | ddplab: done" in out.stdout
     assert "node1 | ddplab: rank 1 exited with code 0" in out.stdout
+
+
+def test_follow_checks_host_keys_against_known_hosts(simlan2, lab, first_launch, tmp_path):
+    """follow uses the OpenSSH client with the inventory's ssh args: a known_hosts with the node's real key
+    connects, one with another key for its address is refused (even beside StrictHostKeyChecking=no, which
+    accept-new precedes, as in ansible.cfg)."""
+    _prepared(first_launch)
+    addr = {h.name: h.addr for h in simlan2.hosts}
+    other_key = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True,
+                   timeout=30)
+    scanned = subprocess.run(["ssh-keyscan", "-t", "ed25519", *addr.values()], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+    wrong = "".join(f"{a} {' '.join(other_key.with_suffix('.pub').read_text().split()[:2])}\n"
+                    for a in addr.values())
+
+    def follow_with(known_hosts: str) -> subprocess.CompletedProcess:
+        inv = tmp_path / f"inv-{len(known_hosts)}"
+        shutil.copytree(simlan2.inventory_dir, inv)
+        (inv / "known_hosts").write_text(known_hosts)
+        (inv / "group_vars" / "all" / "zz_known_hosts.yml").write_text(
+            f"ansible_ssh_common_args: -o UserKnownHostsFile={inv / 'known_hosts'} "
+            "-o StrictHostKeyChecking=no -o LogLevel=ERROR\n")
+        return subprocess.run([sys.executable, "-m", "ddplab", "follow", "-i", str(inv), "--run-id", "sim-a",
+                               "--once"], cwd=REPO, text=True, capture_output=True, timeout=120)
+
+    right = follow_with(scanned)
+    assert right.returncode == 0, right.stderr
+    assert "node0 | ddplab: run sim-a rank 0/2" in right.stdout and "node1 | " in right.stdout
+    changed = follow_with(wrong)
+    assert changed.returncode != 0 and "Traceback" not in changed.stderr, changed.stderr
+    assert f"ddplab: error: node0 (root@{addr['node0']}): its SSH host key is not the one in known_hosts" \
+        in changed.stderr, changed.stderr
+    assert "node0 |" not in changed.stdout
 
 
 def test_stop_leaves_no_process_of_the_run(simlan2, lab, first_launch, simlan_cluster):
