@@ -165,8 +165,8 @@ def test_follow_checks_host_keys_against_known_hosts(simlan2, lab, first_launch,
     wrong = "".join(f"{a} {' '.join(other_key.with_suffix('.pub').read_text().split()[:2])}\n"
                     for a in addr.values())
 
-    def follow_with(known_hosts: str) -> subprocess.CompletedProcess:
-        inv = tmp_path / f"inv-{len(known_hosts)}"
+    def follow_with(name: str, known_hosts: str) -> subprocess.CompletedProcess:
+        inv = tmp_path / name
         shutil.copytree(simlan2.inventory_dir, inv)
         (inv / "known_hosts").write_text(known_hosts)
         (inv / "group_vars" / "all" / "zz_known_hosts.yml").write_text(
@@ -175,10 +175,10 @@ def test_follow_checks_host_keys_against_known_hosts(simlan2, lab, first_launch,
         return subprocess.run([sys.executable, "-m", "ddplab", "follow", "-i", str(inv), "--run-id", "sim-a",
                                "--once"], cwd=REPO, text=True, capture_output=True, timeout=120)
 
-    right = follow_with(scanned)
+    right = follow_with("right", scanned)
     assert right.returncode == 0, right.stderr
     assert "node0 | ddplab: run sim-a rank 0/2" in right.stdout and "node1 | " in right.stdout
-    changed = follow_with(wrong)
+    changed = follow_with("changed", wrong)
     assert changed.returncode != 0 and "Traceback" not in changed.stderr, changed.stderr
     assert f"ddplab: error: node0 (root@{addr['node0']}): its SSH host key is not the one in known_hosts" \
         in changed.stderr, changed.stderr
