@@ -76,11 +76,13 @@ class Conn:
                     return out.returncode, out.stdout
                 err = out.stderr.strip()
                 if any(m in err for m in HOST_KEY_CHANGED):
+                    n = self.node
+                    entry = f"[{n.host}]:{n.port}" if n.port not in (None, 22) else n.host
                     raise DdplabError(
                         f"{self._where()}: its SSH host key is not the one in known_hosts (ssh: Host key "
                         f"verification failed); follow, like ansible-playbook, does not connect to a host "
                         f"whose key changed; if the node was reinstalled, remove the old key "
-                        f"(ssh-keygen -R {self.node.host}) and connect once, else find out why it changed")
+                        f"(ssh-keygen -R '{entry}') and connect once, else find out why it changed")
             if attempt < 3:  # connection dropped (sshd restarted): reconnect
                 time.sleep(attempt)
         last = err.splitlines()[-1] if err else "no output"
