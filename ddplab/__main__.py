@@ -14,7 +14,7 @@ import sys
 from ddplab.errors import DdplabError
 
 # verb -> the module whose add_parser(sub) defines it. Only the chosen verb's module is imported, so a
-# quick verb run by a playbook (validate, status) does not pay for matplotlib or paramiko.
+# quick verb run by a playbook (validate, status) does not pay for matplotlib.
 VERBS = {
     "report": "ddplab.report",
     "follow": "ddplab.follow",

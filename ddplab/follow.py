@@ -1,18 +1,31 @@
-"""Live view of every node's tmux pane for a run, over SSH with paramiko (no OpenSSH client needed).
+"""Live view of every node's tmux pane for a run, over the OpenSSH client (as Ansible connects).
 
-`python -m ddplab follow -i inventory/simlan` reads the same inventory as the playbooks, opens one SSH
-connection per node (hosts with ansible_connection=local are read directly), and prints each new pane
-line prefixed with the node's name until every rank's pane is dead (or Ctrl-C). A dropped connection is
-reopened; the run itself lives in tmux on the node and does not notice.
+`python -m ddplab follow -i inventory/simlan` reads the same inventory as the playbooks and runs `ssh` to
+each node (hosts with ansible_connection=local are read directly), printing each new pane line prefixed
+with the node's name until every rank's pane is dead (or Ctrl-C). ssh gets what Ansible would give it:
+the inventory's user, port, key and ansible_ssh_common_args/extra_args, after ansible.cfg's
+StrictHostKeyChecking=accept-new (ssh keeps an option's first value, so, as with Ansible, an inventory's
+StrictHostKeyChecking=no does not override it); ~/.ssh/config and known_hosts apply, and a changed host
+key stops follow with one message. One multiplexed connection per node (ControlMaster) is reused
+between polls; a dropped connection is reopened; the run itself lives in tmux on the node.
 """
 
+import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from ddplab.errors import DdplabError
 from ddplab.inventory import load_nodes
+
+# ansible.cfg's [ssh_connection] ssh_args, less what follow sets itself (ControlPath, BatchMode)
+SSH_OPTIONS = ("-o", "StrictHostKeyChecking=accept-new", "-o", "ServerAliveInterval=5",
+               "-o", "ServerAliveCountMax=3")
+HOST_KEY_CHANGED = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed")
+SSH_FAILED = 255  # ssh's own exit status for a connection or authentication failure
 
 
 def _remote_path(path):
@@ -23,55 +36,63 @@ def _remote_path(path):
 
 
 class Conn:
-    """Runs shell commands on one node: locally, or through a paramiko SSH client."""
+    """Runs shell commands on one node: locally, or with the OpenSSH client (one multiplexed master)."""
 
-    def __init__(self, node, timeout=10.0):
-        self.node, self.timeout, self.client = node, timeout, None
+    def __init__(self, node, timeout=10.0, control_dir=None):
+        self.node, self.timeout = node, timeout
+        self.control_path = os.path.join(control_dir or tempfile.gettempdir(), f"follow-{node.name}")
 
-    def _connect(self):
-        import paramiko
+    def ssh_argv(self, *extra):
+        n = self.node
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(self.timeout)}",
+                "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_path}",
+                "-o", "ControlPersist=30", *SSH_OPTIONS, *shlex.split(n.ssh_args)]
+        if n.port is not None:
+            argv += ["-p", str(n.port)]
+        if n.user:
+            argv += ["-l", n.user]
+        if n.key_file:
+            argv += ["-i", os.path.expanduser(n.key_file)]
+        return [*argv, *extra, n.host]
 
-        client = paramiko.SSHClient()
-        # Lab nodes (and simulated hosts) get new host keys when rebuilt, as the inventory's
-        # UserKnownHostsFile=/dev/null says; keys are not stored.
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        try:
-            client.connect(self.node.host, port=self.node.port, username=self.node.user,
-                           key_filename=self.node.key_file, timeout=self.timeout,
-                           banner_timeout=self.timeout, auth_timeout=self.timeout,
-                           allow_agent=self.node.key_file is None, look_for_keys=self.node.key_file is None)
-        except Exception as e:  # paramiko raises many types: name the host and the cause once
-            client.close()
-            raise DdplabError(f"cannot reach {self.node.name} ({self.node.user or ''}@{self.node.host}:"
-                              f"{self.node.port}) over SSH: {e}") from e
-        self.client = client
+    def _where(self):
+        n = self.node
+        return f"{n.name} ({n.user + '@' if n.user else ''}{n.host}{':' + str(n.port) if n.port else ''})"
 
     def run(self, cmd):
         if self.node.connection == "local":
             out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True,
                                  timeout=self.timeout, check=False)
             return out.returncode, out.stdout
-        for attempt in (1, 2):
+        err = ""
+        for attempt in (1, 2, 3):
             try:
-                if self.client is None:
-                    self._connect()
-                _, stdout, _ = self.client.exec_command(cmd, timeout=self.timeout)
-                text = stdout.read().decode(errors="replace")
-                return stdout.channel.recv_exit_status(), text
-            except DdplabError:
-                if attempt == 2:
-                    raise
-            except Exception:  # connection dropped (sshd restarted): reconnect once
-                if attempt == 2:
-                    raise
-            self.close()
-            time.sleep(0.5)
-        return 255, ""
+                out = subprocess.run([*self.ssh_argv(), "--", cmd], capture_output=True, text=True,
+                                     timeout=self.timeout * 2, check=False, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                err = f"no answer within {self.timeout * 2:.0f} s"
+            else:
+                if out.returncode != SSH_FAILED:
+                    return out.returncode, out.stdout
+                err = out.stderr.strip()
+                if any(m in err for m in HOST_KEY_CHANGED):
+                    n = self.node
+                    entry = f"[{n.host}]:{n.port}" if n.port not in (None, 22) else n.host
+                    raise DdplabError(
+                        f"{self._where()}: its SSH host key is not the one in known_hosts (ssh: Host key "
+                        f"verification failed); follow, like ansible-playbook, does not connect to a host "
+                        f"whose key changed; if the node was reinstalled, remove the old key "
+                        f"(ssh-keygen -R '{entry}') and connect once, else find out why it changed")
+            if attempt < 3:  # connection dropped (sshd restarted): reconnect
+                time.sleep(attempt)
+        last = err.splitlines()[-1] if err else "no output"
+        raise DdplabError(f"cannot reach {self._where()} over SSH: {last}; check it with "
+                          f"`{shlex.join(self.ssh_argv())} true`")
 
     def close(self):
-        if self.client is not None:
-            self.client.close()
-            self.client = None
+        if self.node.connection != "local" and os.path.exists(self.control_path):
+            subprocess.run([*self.ssh_argv("-O", "exit")], capture_output=True, timeout=10, check=False,
+                           stdin=subprocess.DEVNULL)
 
 
 def pane_state(conn, run_id):
@@ -97,7 +118,11 @@ def last_run(conn):
 
 def follow(inventory, run_id=None, interval=2.0, once=False, out=sys.stdout, max_seconds=None):
     nodes = load_nodes(inventory)
-    conns = [Conn(n) for n in nodes]
+    if any(n.connection != "local" for n in nodes) and shutil.which("ssh") is None:
+        raise DdplabError("follow: no `ssh` command on this host; install the OpenSSH client "
+                          "(apt-get install openssh-client), which ansible-playbook needs too")
+    control_dir = tempfile.mkdtemp(prefix="ddplab-follow-")  # ControlPath sockets: short and private
+    conns = [Conn(n, control_dir=control_dir) for n in nodes]
     try:
         if not run_id:
             master = conns[0]
@@ -129,6 +154,7 @@ def follow(inventory, run_id=None, interval=2.0, once=False, out=sys.stdout, max
     finally:
         for c in conns:
             c.close()
+        shutil.rmtree(control_dir, ignore_errors=True)
 
 
 def cmd_follow(args):
@@ -137,7 +163,7 @@ def cmd_follow(args):
 
 
 def add_parser(sub):
-    p = sub.add_parser("follow", help="print every node's tmux pane of a run live, over SSH (paramiko)")
+    p = sub.add_parser("follow", help="print every node's tmux pane of a run live, over ssh")
     p.add_argument("-i", "--inventory", default="inventory/local", help="inventory folder or file")
     p.add_argument("--run-id", default=None, help="run to follow (default: the master's last run)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between polls")

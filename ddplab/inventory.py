@@ -16,10 +16,11 @@ class Node:
     rank: int
     connection: str
     host: str
-    port: int
+    port: int | None  # None: ssh's own (~/.ssh/config, else 22)
     user: str | None
     key_file: str | None
     root: str
+    ssh_args: str = ""  # ansible_ssh_common_args and ansible_ssh_extra_args, as ssh options
 
 
 def _ansible_inventory():
@@ -56,8 +57,11 @@ def load_nodes(inventory):
         nodes.append(Node(
             name=name, rank=int(hv.get("ddplab_node_rank", 0)),
             connection=hv.get("ansible_connection", "ssh"),
-            host=hv.get("ansible_host", name), port=int(hv.get("ansible_port", 22)),
+            host=hv.get("ansible_host", name),
+            port=int(hv["ansible_port"]) if hv.get("ansible_port") not in (None, "") else None,
             user=hv.get("ansible_user"),
             key_file=hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file"),
-            root=hv.get("ddplab_root", "~/ddplab")))
+            root=hv.get("ddplab_root", "~/ddplab"),
+            ssh_args=" ".join(str(hv.get(k) or "") for k in ("ansible_ssh_common_args",
+                                                              "ansible_ssh_extra_args")).strip()))
     return sorted(nodes, key=lambda n: n.rank)

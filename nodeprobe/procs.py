@@ -3,11 +3,29 @@
 - ``port_holder`` and ``lab_processes``: preflight's probes (``python -m nodeprobe port-holder``,
   ``lab-processes``), which report and never signal.
 - ``stale``: the stale_processes role's finder and killer. Shipped alone (``python procs.py --root
-  R [--port P] [--run-id RUN] [--kill --grace S]``) because stop.yml must also work on a node whose
-  synced code is gone. A process is the lab's when its environment has DDPLAB_ROOT=<root> (every
-  rank ddplab starts), or when its command line runs torchrun / torch.distributed.run / trainer
-  and names the lab folder (leftovers started by hand); with --port, whatever listens on it too.
-  Killing is by PID: SIGTERM, wait, then SIGKILL. Prints ``{"found", "killed", "survivors"}``.
+  R [--port P] [--run-id RUN] [--replace] [--kill --grace S]``) because stop.yml must also work on a
+  node whose synced code is gone. A process is the lab's when its environment has DDPLAB_ROOT=<root>
+  (every rank ddplab starts), or when its command line runs torchrun / torch.distributed.run / trainer
+  and names the lab folder (leftovers started by hand). Prints ``{"found", "live_runs", "refused",
+  "holders", "others", "errors", "killed", "survivors"}``; with errors nothing is signalled.
+
+What may be signalled (``decide``, pure, unit-tested):
+- Only processes whose owner (real uid in /proc/<pid>/status) is the probe's user. Another user's
+  lab processes are listed in ``others`` and left alone.
+- A run is *live* on this node while its launcher lives: a process of that run (DDPLAB_RUN_ID in its
+  environment) whose command line is torchrun / torch.distributed.run (the rank's torchrun, or the
+  systemd-inhibit wrapper in front of it), not a zombie, whatever its parent. torchrun supervises and
+  restarts the ranks, so while it is there the run is in progress. Once it is gone, what is left of the
+  run (ranks torchrun left behind: they run in their own session and end up under PID 1 or a
+  subreaper) are leftovers, and so are lab processes with no run id (started by hand).
+- prepare (no run id): leftovers are ended; a live run is refused with an error naming the run and
+  the node, unless ``--replace`` (ddplab_replace_running=true). stop (``--run-id``): every process of
+  that run is ended, live or not.
+- ``--port``: whatever else listens on it (another program of this user, or another user's process)
+  is named in an error (PID, user, command line), never signalled. Another user's socket is seen in
+  /proc/net/tcp but not its PID; a scan made as root with ``--uid <login uid>`` names it (read-only:
+  ``--kill`` is refused when ``--uid`` is not the probe's own).
+- Killing is by PID, the owner re-checked just before: SIGTERM, wait, then SIGKILL.
 
 /proc/net/tcp{,6} lists the sockets of the reader's network namespace and /proc/<pid>/fd the
 processes of its PID namespace, which on a simulated host are exactly that host's.
@@ -79,7 +97,7 @@ def listening_sockets(port: int) -> list[dict]:
             addr, _, hex_port = parts[1].partition(":")
             if int(hex_port, 16) == port:
                 found.append({"family": "ipv6" if v6 else "ipv4", "address": _hex_addr(addr, v6),
-                              "inode": int(parts[9])})
+                              "uid": int(parts[7]), "inode": int(parts[9])})
     return found
 
 
@@ -188,19 +206,40 @@ def lab_processes(root: str, shared: bool = False) -> dict:
 
 # ---------------------------------------------------------------- stale_processes: find and end
 RANK_CMD = re.compile(r"torchrun|torch\.distributed\.run|-m trainer\b|trainer/")
+LAUNCHER_CMD = re.compile(r"torchrun|torch\.distributed\.run|torch/distributed/run\.py")
+
+
+def owner(pid: int) -> int | None:
+    """The real uid of a process (/proc/<pid>/status Uid), None when it is gone."""
+    for line in (_read(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "?"
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def _info(pid: int, why: str) -> dict | None:
     cmd = cmdline(pid)
-    if not cmd:
+    uid = owner(pid)
+    if not cmd or uid is None:
         return None
-    env = environ(pid)
-    return {"pid": pid, "ppid": ppid(pid) or 0, "cmd": cmd.strip(), "root": env.get("DDPLAB_ROOT", ""),
-            "run": env.get("DDPLAB_RUN_ID", ""), "why": why}
+    env = environ(pid)  # empty for another user's process: its environ is not readable
+    return {"pid": pid, "ppid": ppid(pid) or 0, "uid": uid, "user": user_name(uid), "cmd": cmd.strip(),
+            "root": env.get("DDPLAB_ROOT", ""), "run": env.get("DDPLAB_RUN_ID", ""),
+            "launcher": bool(LAUNCHER_CMD.search(cmd)), "why": why}
 
 
 def run_processes(root: str, run_id: str = "") -> list[dict]:
-    """The lab's rank processes (of run ``run_id`` only, when given), with why each counts."""
+    """The lab's rank processes, of every user (of run ``run_id`` only, when given), with why each counts."""
     root = os.path.abspath(root).rstrip("/")
     me = {os.getpid(), os.getppid()}
     found = []
@@ -223,6 +262,67 @@ def run_processes(root: str, run_id: str = "") -> list[dict]:
     return found
 
 
+def port_listeners(port: int) -> list[dict]:
+    """Who listens on ``port``: one entry per (socket, process), ``pid`` None when the process cannot be
+    seen (another user's /proc/<pid>/fd is not readable); ``uid`` is the socket's owner either way."""
+    socks = listening_sockets(port)
+    owners = socket_owners({s["inode"] for s in socks})
+    found = []
+    for s in socks:
+        for pid in owners.get(s["inode"], [None]):
+            info = _info(pid, "") if pid else None
+            uid = info["uid"] if info else s["uid"]
+            found.append({"pid": pid, "uid": uid, "user": user_name(uid),
+                          "cmd": info["cmd"] if info else None})
+    return found
+
+
+def decide(procs: list[dict], listeners: list[dict], uid: int, node: str, port: int | None = None,
+           run_id: str = "", replace: bool = False) -> dict:
+    """Which processes to end, which runs to refuse, which port holders to name (pure: no /proc, no signal).
+
+    ``procs``: run_processes' lab processes; ``listeners``: port_listeners of the master port; ``uid``: the
+    user whose processes may be signalled. Returns ``found`` (to end), ``live_runs`` (refused),
+    ``holders`` (named), ``others`` (another user's lab processes, left alone) and ``errors``.
+    """
+    mine = [p for p in procs if p["uid"] == uid]
+    others = [p for p in procs if p["uid"] != uid]
+    live: dict[str, dict] = {}
+    if not run_id:  # stop.yml names its run and ends it live or not; prepare ends leftovers only
+        for p in mine:
+            if p["launcher"] and p["run"] and p["run"] not in live:
+                live[p["run"]] = p
+    found, refused = [], []
+    for p in mine:
+        if p["run"] in live:
+            if not replace:
+                refused.append(p)
+                continue
+            p = {**p, "why": p["why"] + f" (live run {p['run']}, replaced: ddplab_replace_running=true)"}
+        found.append(p)
+    ours = {p["pid"] for p in mine}
+    holders = [h for h in listeners if h["pid"] not in ours]
+    errors = []
+    for run, launcher in ([] if replace else sorted(live.items())):
+        pids_ = [p["pid"] for p in refused if p["run"] == run]
+        errors.append(
+            f"ddplab: error: {node}: run {run} is still running there (torchrun PID {launcher['pid']}, "
+            f"{len(pids_)} process(es): {' '.join(map(str, pids_))}); prepare ends only leftovers of runs "
+            f"whose torchrun is gone, never a live run; stop it first (ansible-playbook playbooks/stop.yml "
+            f"-e ddplab_run_id={run}) or replace it (-e ddplab_replace_running=true)")
+    for h in holders:
+        who = (f"PID {h['pid']} of user {h['user']}: {h['cmd']}" if h["pid"]
+               else f"a process of user {h['user']} that this user cannot see "
+                    f"(sudo ss -tlnp 'sport = :{port}' names it)")
+        kind = "another user's process" if h["uid"] != uid else "another program"
+        errors.append(
+            f"ddplab: error: {node}: master port {port} is held by {who}; ddplab ends only its own leftover "
+            f"processes, never {kind}; end it yourself (kill {h['pid'] or 'PID'}, as its owner) or choose "
+            f"another port (-e ddplab_master_port=N)")
+    return {"found": found, "live_runs": sorted(live), "refused": refused, "holders": holders,
+            "others": others, "errors": errors}
+
+
 def alive(pid: int) -> bool:
     stat = _read(f"/proc/{pid}/stat")
     return bool(stat) and stat[stat.rindex(")") + 2:].split()[0] != "Z"
@@ -243,33 +343,42 @@ def kill_all(pids_: list[int], grace: float) -> list[int]:
     return pids_
 
 
-def stale(root: str, port: int | None = None, run_id: str = "", kill: bool = False,
-          grace: float = 5) -> dict:
-    found = run_processes(root, run_id)
-    if port:
-        seen = {p["pid"] for p in found}
-        for h in port_holder(port)["holders"]:
-            if h["pid"] not in seen and (info := _info(h["pid"], f"listening on master port {port}")):
-                found.append(info)
-    result = {"found": found, "killed": [], "survivors": []}
-    if kill and found:
-        result["survivors"] = kill_all([p["pid"] for p in found], grace)
-        result["killed"] = [p for p in found if p["pid"] not in result["survivors"]]
+def stale(root: str, port: int | None = None, run_id: str = "", kill: bool = False, grace: float = 5,
+          replace: bool = False, uid: int | None = None, node: str = "") -> dict:
+    """Scan, decide, and (``kill``, and no error) end what ``decide`` found. ``uid`` (default: the probe's)
+    lets a scan made as root decide for the login user; such a scan never signals."""
+    me = os.getuid()
+    uid = me if uid is None else uid
+    result = decide(run_processes(root, run_id), port_listeners(port) if port else [], uid,
+                    node or socket.gethostname(), port, run_id, replace)
+    result.update(uid=uid, killed=[], survivors=[])
+    if kill and uid != me:
+        result["errors"].append(f"ddplab: error: {node}: --kill for uid {uid} from uid {me}; "
+                                "a probe signals only its own user's processes; run it as that user")
+    elif kill and result["found"] and not result["errors"]:
+        # only our own uid, re-read now: a PID may have been reused since the scan
+        targets = [p["pid"] for p in result["found"] if owner(p["pid"]) == me]
+        result["survivors"] = kill_all(targets, grace)
+        result["killed"] = [p for p in result["found"] if p["pid"] in targets and p["pid"] not in
+                            result["survivors"]]
     return result
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="procs.py", description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="the lab folder")
-    ap.add_argument("--port", default="", help="also whatever listens on this TCP port ('' = none)")
-    ap.add_argument("--run-id", default="", help="only this run's processes ('' = any run)")
+    ap.add_argument("--port", default="", help="name whatever else listens on this TCP port ('' = none)")
+    ap.add_argument("--run-id", default="", help="only this run's processes, live or not ('' = any run)")
     ap.add_argument("--grace", type=float, default=5, help="seconds between SIGTERM and SIGKILL")
     ap.add_argument("--kill", action="store_true")
+    ap.add_argument("--replace", action="store_true", help="also end live runs (ddplab_replace_running)")
+    ap.add_argument("--uid", type=int, default=None, help="decide for this user (a read-only scan as root)")
+    ap.add_argument("--node", default="", help="the node's inventory name, for messages")
     args = ap.parse_args(argv)
     if args.port and not args.port.isdigit():
         ap.error(f"--port {args.port!r}: expected a port number or ''")
     print(json.dumps(stale(args.root, int(args.port) if args.port else None, args.run_id, args.kill,
-                           args.grace)))
+                           args.grace, args.replace, args.uid, args.node)))
     return 0
 
 

@@ -124,6 +124,9 @@ SETTINGS: tuple[Setting, ...] = (
             "when a reused ddplab_run_id finds checkpoints)."),
     Setting("ddplab_firewall_cleanup", "bool", False,
             "stop.yml: also remove every firewall rule ddplab added (tagged 'ddplab')."),
+    Setting("ddplab_replace_running", "bool", False,
+            "prepare.yml / launch.yml: also end a live run of this lab (its torchrun still running) on a "
+            "node; without it such a run is refused with a message naming it (stop.yml ends it)."),
     Setting("ddplab_wait", "bool", False,
             "launch.yml: follow the run to its end (a progress line every ddplab_wait_poll s), then collect "
             "the logs into runs/<run_id>/ and fail if a rank did not exit 0."),

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import pytest
 
 from tests.helpers.probes import probe
+
+PROCS = Path(__file__).resolve().parents[2] / "nodeprobe" / "procs.py"
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+# What the stale_processes role's launcher test looks for: a torchrun command line (the extra argv is
+# only text for /proc/<pid>/cmdline; python -c ignores it).
+TORCHRUN = [*SLEEP, "-m", "torch.distributed.run", "--nnodes", "2"]
+# Another user cannot run this venv's interpreter (it lives under /root): theirs is the system one.
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
 
 
 def _wait_for(pattern: str, stream, timeout: float = 15) -> re.Match:
@@ -83,48 +98,187 @@ def test_lab_processes_finds_orphans_of_this_lab_only(tmp_path):
     assert orphan not in {p["pid"] for p in probe("lab-processes", "--root", str(lab))["processes"]}
 
 
-def _procs_alone(tmp_path, *args: str) -> dict:
-    """nodeprobe/procs.py shipped alone, as roles/stale_processes runs it (stop.yml may find no code)."""
-    import json
-    import shutil
-    from pathlib import Path
+def _procs_alone(tmp_path, *args: str, user: str | None = None) -> dict:
+    """nodeprobe/procs.py shipped alone, as roles/stale_processes runs it (stop.yml may find no code);
+    ``user``: run it as that user (the test runs as root; tmp_path's parents are closed to others)."""
+    pre = None
+    if user:
+        pw = pwd.getpwnam(user)
 
-    alone = tmp_path / "shipped" / "procs.py"
-    alone.parent.mkdir(exist_ok=True)
-    shutil.copy(Path(__file__).resolve().parents[2] / "nodeprobe" / "procs.py", alone)
-    out = subprocess.run([sys.executable, str(alone), *args], capture_output=True, text=True, timeout=60,
-                         cwd=tmp_path)
+        def pre():
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+    with tempfile.TemporaryDirectory(prefix="shipped-") as shipped:
+        os.chmod(shipped, 0o755)
+        alone = shutil.copy(PROCS, shipped)
+        os.chmod(alone, 0o644)
+        out = subprocess.run([SYSTEM_PYTHON if user else sys.executable, alone, *args], capture_output=True,
+                             text=True, timeout=60, cwd=shipped, preexec_fn=pre)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
-def test_stale_finds_and_kills_only_this_runs_ranks(tmp_path):
+def _spawn(argv, root=None, run=None, user=None, **kw) -> subprocess.Popen:
+    if user:
+        argv = [SYSTEM_PYTHON, *argv[1:]]
+    env = dict(os.environ)
+    if root:
+        env["DDPLAB_ROOT"] = str(root)
+    if run:
+        env["DDPLAB_RUN_ID"] = run
+    pre = None
+    if user:
+        uid = pwd.getpwnam(user).pw_uid
+
+        def pre():
+            os.setuid(uid)
+    return subprocess.Popen(argv, env=env, preexec_fn=pre, cwd="/", **kw)
+
+
+def _exec_done(*procs: subprocess.Popen) -> None:
+    """Wait until each child runs its own program (its environ and cmdline are read from /proc)."""
+    deadline = time.monotonic() + 10
+    for p in procs:
+        while "time.sleep" not in (Path(f"/proc/{p.pid}/cmdline").read_bytes().decode(errors="replace")):
+            assert time.monotonic() < deadline, f"child {p.pid} did not start"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def children():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        p.kill()
+        p.wait(timeout=5)
+
+
+def _requires_root():
+    if os.getuid() != 0:
+        pytest.skip("starts processes of another user: needs root")
+
+
+def test_stale_finds_and_kills_only_this_runs_ranks(tmp_path, children):
     root = tmp_path / "lab"
     root.mkdir()
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    env = {**os.environ, "DDPLAB_ROOT": str(root)}
-    mine = subprocess.Popen(sleeper, env={**env, "DDPLAB_RUN_ID": "run-a"})
-    other_run = subprocess.Popen(sleeper, env={**env, "DDPLAB_RUN_ID": "run-b"})
-    other_lab = subprocess.Popen(sleeper, env={**os.environ, "DDPLAB_ROOT": str(tmp_path / "elsewhere")})
-    try:
-        time.sleep(0.3)  # let the children exec (their environ is read from /proc)
-        found = _procs_alone(tmp_path, "--root", str(root))["found"]
-        assert {p["pid"] for p in found} == {mine.pid, other_run.pid}
-        assert all(p["why"].startswith("ddplab rank of this lab") for p in found)
-        r = _procs_alone(tmp_path, "--root", str(root), "--run-id", "run-a", "--kill", "--grace", "5")
-        assert [p["pid"] for p in r["killed"]] == [mine.pid] and r["survivors"] == []
-        assert mine.wait(timeout=10) is not None and other_run.poll() is None and other_lab.poll() is None
-    finally:
-        for p in (mine, other_run, other_lab):
-            p.kill()
-            p.wait(timeout=5)
+    mine = _spawn(SLEEP, root, "run-a")
+    other_run = _spawn(SLEEP, root, "run-b")
+    other_lab = _spawn(SLEEP, tmp_path / "elsewhere")
+    children += [mine, other_run, other_lab]
+    _exec_done(*children)
+    found = _procs_alone(tmp_path, "--root", str(root))["found"]
+    assert {p["pid"] for p in found} == {mine.pid, other_run.pid}
+    assert all(p["why"].startswith("ddplab rank of this lab") for p in found)
+    r = _procs_alone(tmp_path, "--root", str(root), "--run-id", "run-a", "--kill", "--grace", "5")
+    assert [p["pid"] for p in r["killed"]] == [mine.pid] and r["survivors"] == []
+    assert mine.wait(timeout=10) is not None and other_run.poll() is None and other_lab.poll() is None
 
 
-def test_stale_with_a_port_names_its_listener(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        found = _procs_alone(tmp_path, "--root", str(tmp_path / "lab"), "--port", str(port))["found"]
-    assert [p["pid"] for p in found] == [os.getpid()]
-    assert found[0]["why"] == f"listening on master port {port}"
+def test_a_live_run_is_refused_and_its_leftover_neighbour_is_not_touched(tmp_path, children):
+    root = tmp_path / "lab"
+    live_torchrun = _spawn(TORCHRUN, root, "run-live")
+    live_rank = _spawn(SLEEP, root, "run-live")
+    leftover = _spawn(SLEEP, root, "run-dead")  # a rank whose torchrun is gone
+    children += [live_torchrun, live_rank, leftover]
+    _exec_done(*children)
+    r = _procs_alone(tmp_path, "--root", str(root), "--node", "node1", "--kill", "--grace", "2")
+    assert r["live_runs"] == ["run-live"]
+    assert {p["pid"] for p in r["refused"]} == {live_torchrun.pid, live_rank.pid}
+    assert [p["pid"] for p in r["found"]] == [leftover.pid]
+    [error] = r["errors"]
+    assert error.startswith(f"ddplab: error: node1: run run-live is still running there (torchrun PID "
+                            f"{live_torchrun.pid}")
+    assert "playbooks/stop.yml -e ddplab_run_id=run-live" in error
+    assert "-e ddplab_replace_running=true" in error
+    # an error signals nothing: the role fails before any node is changed
+    assert r["killed"] == [] and all(p.poll() is None for p in children)
+
+
+def test_replace_ends_the_live_run_and_stop_ends_its_own_run_live_or_not(tmp_path, children):
+    root = tmp_path / "lab"
+    a_torchrun, a_rank = _spawn(TORCHRUN, root, "run-a"), _spawn(SLEEP, root, "run-a")
+    b_torchrun = _spawn(TORCHRUN, root, "run-b")
+    children += [a_torchrun, a_rank, b_torchrun]
+    _exec_done(*children)
+    stop = _procs_alone(tmp_path, "--root", str(root), "--run-id", "run-b", "--kill", "--grace", "2")
+    assert stop["errors"] == [] and [p["pid"] for p in stop["killed"]] == [b_torchrun.pid]
+    assert b_torchrun.wait(timeout=10) is not None and a_torchrun.poll() is None
+    r = _procs_alone(tmp_path, "--root", str(root), "--kill", "--replace", "--grace", "2")
+    assert r["errors"] == [] and r["survivors"] == []
+    assert {p["pid"] for p in r["killed"]} == {a_torchrun.pid, a_rank.pid}
+    assert all("replaced: ddplab_replace_running=true" in p["why"] for p in r["killed"])
+    assert a_torchrun.wait(timeout=10) is not None and a_rank.wait(timeout=10) is not None
+
+
+def test_another_users_lab_processes_are_never_signalled(tmp_path, children):
+    _requires_root()
+    root = tmp_path / "lab"
+    theirs = _spawn(TORCHRUN, root, "run-x", user="nobody")  # even a live run of theirs: not ours to refuse
+    their_leftover = _spawn(SLEEP, root, "run-y", user="nobody")
+    children += [theirs, their_leftover]
+    _exec_done(*children)
+    r = _procs_alone(tmp_path, "--root", str(root), "--kill", "--replace", "--grace", "2")
+    assert r["found"] == [] and r["killed"] == [] and r["errors"] == [] and r["live_runs"] == []
+    assert {(p["pid"], p["user"]) for p in r["others"]} == {(theirs.pid, "nobody"),
+                                                            (their_leftover.pid, "nobody")}
+    assert theirs.poll() is None and their_leftover.poll() is None
+
+
+def _listener(port_file: Path) -> list[str]:
+    code = ("import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); "
+            f"open({str(port_file)!r},'w').write(str(s.getsockname()[1])); time.sleep(60)")
+    return [sys.executable, "-c", code]
+
+
+def _port_of(port_file: Path) -> str:
+    deadline = time.monotonic() + 10
+    while not (port_file.exists() and port_file.read_text()):
+        assert time.monotonic() < deadline, "the listener did not start"
+        time.sleep(0.05)
+    return port_file.read_text()
+
+
+def test_another_program_on_the_master_port_is_named_not_killed(tmp_path, children):
+    squatter = _spawn(_listener(tmp_path / "port"))
+    children.append(squatter)
+    port = _port_of(tmp_path / "port")
+    r = _procs_alone(tmp_path, "--root", str(tmp_path / "lab"), "--port", port, "--node", "node0", "--kill")
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert [(h["pid"], h["user"]) for h in r["holders"]] == [(squatter.pid, me)]
+    [error] = r["errors"]
+    assert error.startswith(f"ddplab: error: node0: master port {port} is held by PID {squatter.pid} of user "
+                            f"{me}: {sys.executable} -c import socket")
+    assert "never another program" in error and "-e ddplab_master_port=N" in error
+    assert r["killed"] == [] and squatter.poll() is None
+
+
+def test_a_leftover_of_the_lab_on_the_master_port_is_ended(tmp_path, children):
+    leftover = _spawn(_listener(tmp_path / "port"), tmp_path / "lab", "run-old")
+    children.append(leftover)
+    port = _port_of(tmp_path / "port")
+    r = _procs_alone(tmp_path, "--root", str(tmp_path / "lab"), "--port", port, "--kill", "--grace", "2")
+    assert r["errors"] == [] and r["holders"] == []
+    assert [p["pid"] for p in r["killed"]] == [leftover.pid]
+    assert leftover.wait(timeout=10) is not None
+
+
+def test_another_users_port_holder_is_named_by_a_root_scan_for_the_login_user(tmp_path, children):
+    _requires_root()
+    squatter = _spawn(_listener(tmp_path / "port"))  # root's; the probe runs as nobody
+    children.append(squatter)
+    port = _port_of(tmp_path / "port")
+    args = ("--root", str(tmp_path / "lab"), "--port", port, "--node", "node0")
+    as_user = _procs_alone(tmp_path, *args, "--kill", user="nobody")
+    # nobody sees the socket and its owner, not the PID (root's /proc/<pid>/fd is not readable)
+    assert [(h["pid"], h["user"]) for h in as_user["holders"]] == [(None, "root")]
+    assert "a process of user root that this user cannot see" in as_user["errors"][0]
+    assert "never another user's process" in as_user["errors"][0]
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert as_user["uid"] == nobody
+    named = _procs_alone(tmp_path, *args, "--uid", str(nobody))  # the role's become scan
+    assert [(h["pid"], h["user"]) for h in named["holders"]] == [(squatter.pid, "root")]
+    assert f"held by PID {squatter.pid} of user root: {sys.executable} -c" in named["errors"][0]
+    # a scan for another uid never signals, even when asked to
+    refused = _procs_alone(tmp_path, *args, "--uid", str(nobody), "--kill")
+    assert refused["killed"] == [] and any("--kill for uid" in e for e in refused["errors"])
+    assert squatter.poll() is None

@@ -1,12 +1,14 @@
 """The playbooks against 2 simulated hosts (real sshd, ufw, tmux, torchrun over the simlan bridge).
 
-One cluster serves the whole module: the `first_launch` fixture prepares it and trains once (with a
-port squatter on the master), and every test asks for that fixture, so each test also runs alone
-(`pytest -k ufw`). The stop test discards the cluster at its end.
+One cluster serves the whole module: the `first_launch` fixture prepares it and trains once (after a
+launch refused by another program's listener on the master port, which the test then ends itself), and
+every test asks for that fixture, so each test also runs alone (`pytest -k ufw`). The stop test
+discards the cluster at its end.
 """
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -44,10 +46,12 @@ def lab_pids(cluster, host, run_id):
 
 @pytest.fixture(scope="module")
 def first_launch(simlan_cluster, lab):
-    """launch.yml (prepare, preflight, train 8 steps, wait) on fresh hosts, with a stale listener on the
-    master port: (the playbook run, the squatter's pid). The module's later tests start from here."""
+    """launch.yml (prepare, preflight, train 8 steps, wait) on fresh hosts, first with a listener of another
+    program on the master port: (the launch made once the test ended the squatter itself, the squatter's
+    pid, whether it survived the first launch and no rank started, that refused launch). The module's
+    later tests start from here."""
     simlan2 = simlan_cluster(2, fresh=True)
-    # A stale listener on the master port: the master would fail with EADDRINUSE, the worker hang.
+    # Another program on the master port: the master would fail with EADDRINUSE, the worker hang.
     squatter = simlan2.exec("node0", ["bash", "-c", f"setsid {sys.executable} -c 'import socket,time; "
                                       f"s=socket.socket(); s.bind((\"0.0.0.0\",{PORT})); s.listen(); "
                                       f"time.sleep(3600)' >/dev/null 2>&1 </dev/null & echo $!"], timeout=30)
@@ -55,21 +59,30 @@ def first_launch(simlan_cluster, lab):
     time.sleep(0.5)
     assert f":{PORT}" in simlan2.exec("node0", ["ss", "-Htln"], timeout=30).stdout
 
-    proc = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=420,
-                    extra={**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 8, "ddplab_run_id": "sim-a"})
-    return proc, squatter_pid
+    extra = {**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 8, "ddplab_run_id": "sim-a"}
+    refused = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=420, extra=extra)
+    survived = simlan2.exec("node0", ["kill", "-0", squatter_pid], timeout=30).returncode == 0
+    started = simlan2.exec("node0", ["tmux", "-S", "/root/ddplab/tmux.sock", "has-session", "-t", "=sim-a"],
+                           timeout=30).returncode == 0
+    # ddplab names it and leaves it alone: ending it is the user's call, made here
+    simlan2.exec("node0", ["kill", squatter_pid], timeout=30)
+    proc = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=420, extra=extra)
+    return proc, squatter_pid, survived and not started, refused
 
 
 def _prepared(first_launch) -> None:
-    proc, _ = first_launch
+    proc = first_launch[0]
     assert proc.returncode == 0, "the module's first launch.yml failed:\n" + tail(proc)
 
 
-def test_launch_trains_across_hosts_and_kills_the_port_squatter(simlan2, lab, first_launch):
-    proc, squatter_pid = first_launch
+def test_launch_names_the_port_squatter_then_trains_across_hosts(simlan2, lab, first_launch):
+    proc, squatter_pid, survived, refused = first_launch
+    assert refused.returncode != 0, tail(refused)
+    assert (f"ddplab: error: node0: master port {PORT} is held by PID {squatter_pid} of user root: "
+            f"{sys.executable} -c import socket") in refused.stdout, tail(refused)
+    assert "-e ddplab_master_port=N" in refused.stdout
+    assert survived, "prepare signalled another program's process, or a rank started"
     assert proc.returncode == 0, tail(proc)
-    assert f"{squatter_pid} (listening on master port {PORT})" in proc.stdout
-    assert simlan2.exec("node0", ["kill", "-0", squatter_pid], timeout=30).returncode != 0
 
     run = lab["ddplab_runs_dir"] / "sim-a"
     summary = json.loads((run / "summary.json").read_text())
@@ -131,11 +144,45 @@ def test_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab, f
     summary = json.loads((lab["ddplab_runs_dir"] / "sim-cut" / "summary.json").read_text())
     assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
     assert summary["steps"] == 60 and summary["byte_equivalent"] is True
-    # paramiko follow saw both panes to the end across the SSH cut.
+    # follow (ssh) saw both panes to the end across the SSH cut.
     out = follow_out["proc"]
     assert out.returncode == 0, out.stderr
     assert "node0 | ddplab: done" in out.stdout
     assert "node1 | ddplab: rank 1 exited with code 0" in out.stdout
+
+
+def test_follow_checks_host_keys_against_known_hosts(simlan2, lab, first_launch, tmp_path):
+    """follow uses the OpenSSH client with the inventory's ssh args: a known_hosts with the node's real key
+    connects, one with another key for its address is refused (even beside StrictHostKeyChecking=no, which
+    accept-new precedes, as in ansible.cfg)."""
+    _prepared(first_launch)
+    addr = {h.name: h.addr for h in simlan2.hosts}
+    other_key = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True,
+                   timeout=30)
+    scanned = subprocess.run(["ssh-keyscan", "-t", "ed25519", *addr.values()], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+    wrong = "".join(f"{a} {' '.join(other_key.with_suffix('.pub').read_text().split()[:2])}\n"
+                    for a in addr.values())
+
+    def follow_with(name: str, known_hosts: str) -> subprocess.CompletedProcess:
+        inv = tmp_path / name
+        shutil.copytree(simlan2.inventory_dir, inv)
+        (inv / "known_hosts").write_text(known_hosts)
+        (inv / "group_vars" / "all" / "zz_known_hosts.yml").write_text(
+            f"ansible_ssh_common_args: -o UserKnownHostsFile={inv / 'known_hosts'} "
+            "-o StrictHostKeyChecking=no -o LogLevel=ERROR\n")
+        return subprocess.run([sys.executable, "-m", "ddplab", "follow", "-i", str(inv), "--run-id", "sim-a",
+                               "--once"], cwd=REPO, text=True, capture_output=True, timeout=120)
+
+    right = follow_with("right", scanned)
+    assert right.returncode == 0, right.stderr
+    assert "node0 | ddplab: run sim-a rank 0/2" in right.stdout and "node1 | " in right.stdout
+    changed = follow_with("changed", wrong)
+    assert changed.returncode != 0 and "Traceback" not in changed.stderr, changed.stderr
+    assert f"ddplab: error: node0 (root@{addr['node0']}): its SSH host key is not the one in known_hosts" \
+        in changed.stderr, changed.stderr
+    assert "node0 |" not in changed.stdout
 
 
 def test_stop_leaves_no_process_of_the_run(simlan2, lab, first_launch, simlan_cluster):

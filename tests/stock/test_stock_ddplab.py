@@ -3,22 +3,31 @@ sudo password, no tmux/venv/torch/ufw, the stock 127.0.1.1 line, PyPI out of rea
 trained run by the README's commands, as `lab`, with become only where root is needed.
 
 One cluster serves the module, in order: prepare twice (changed>0, then 0), launch, firewall turned on,
-firewall cleanup. node0 starts with ufw installed, inactive, holding the user's own `limit 22/tcp`.
+firewall cleanup; then sudo's password typed at --ask-become-pass (and a vaulted one), a live run of another
+id that prepare refuses unless replace is asked, and root's listener on the master port named, not
+killed. node0 starts with ufw installed, inactive, holding the user's own `limit 22/tcp`.
 The times of the first and second prepare are printed (`pytest -s`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import select
+import shlex
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from simlan import cluster as simlan
 from simlan.system import missing_requirements, which
-from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
+from tests.helpers.playbooks import BIN, REPO, make_shards, playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -162,3 +171,147 @@ def test_cleanup_removes_exactly_ddplabs_rules(stock, prepared):
     assert clean.returncode == 0, tail(clean)
     assert ufw_added(c, "node0") == ["ufw limit 22/tcp"]
     assert ufw_active(c, "node0") == was_active  # on/off state untouched
+
+
+# ---------------------------------------------------------------- sudo's password: prompt and vault
+def inventory_without_become_password(stock, dest: Path) -> tuple[Path, str]:
+    """A copy of the stock inventory with no ansible_become_password: (its folder, the password)."""
+    shutil.copytree(stock["inv"], dest)
+    gv = dest / "group_vars" / "all" / "simlan.yml"
+    data = yaml.safe_load(gv.read_text())
+    password = data.pop("ansible_become_password")
+    gv.write_text(yaml.safe_dump(data, sort_keys=False))
+    return dest, password
+
+
+def playbook_on_a_tty(argv: list[str], answer: str, timeout: float = 300) -> tuple[int, str, int]:
+    """ansible-playbook on a pseudo-terminal, typing `answer` at its BECOME password prompt:
+    (exit code, output, how many prompts were answered)."""
+    env = {**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session whose controlling terminal is the pty, as a user's shell
+        os.chdir(REPO)
+        os.execve(argv[0], argv, env)
+    out, answered, deadline = b"", 0, time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 1)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            if out.count(b"BECOME password:") > answered:
+                os.write(fd, answer.encode() + b"\n")
+                answered += 1
+        else:
+            os.kill(pid, 9)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace"), answered
+
+
+def test_ask_become_pass_typed_on_a_terminal(stock, prepared, tmp_path):
+    assert prepared[0].returncode == 0, tail(prepared[0])
+    inv, password = inventory_without_become_password(stock, tmp_path / "inv")
+    # --tags firewall: the lab folders and ufw on node0, whose tasks become root (ufw refuses anyone else)
+    argv = [str(BIN / "ansible-playbook"), "playbooks/prepare.yml", "-i", str(inv), "--tags", "firewall",
+            "--ask-become-pass", *(a for k, v in stock["extra"].items() for a in ("-e", f"{k}={v}"))]
+    rc, out, answered = playbook_on_a_tty(argv, password)
+    assert answered == 1 and "BECOME password:" in out
+    assert rc == 0, out[-4000:]
+    assert re.search(r"node0\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", out), out[-4000:]
+    rc, out, answered = playbook_on_a_tty(argv, password + "-wrong")
+    assert answered == 1 and rc != 0, out[-4000:]
+    assert re.search(r"fatal: \[node0\]: FAILED! => .*Incorrect sudo password", out), out[-4000:]
+
+
+def test_vaulted_become_password_in_the_inventory(stock, prepared, tmp_path):
+    assert prepared[0].returncode == 0, tail(prepared[0])
+    inv, password = inventory_without_become_password(stock, tmp_path / "inv")
+    vault_pass = tmp_path / "vault-pass"
+    vault_pass.write_text("rehearsal vault passphrase\n")
+    vaulted = subprocess.run([str(BIN / "ansible-vault"), "encrypt_string", "--vault-password-file",
+                              str(vault_pass), "--name", "ansible_become_password", password],
+                             capture_output=True, text=True, timeout=60, check=True, cwd=REPO).stdout
+    assert "!vault |" in vaulted and password not in vaulted
+    (inv / "group_vars" / "all" / "become.yml").write_text(vaulted)
+    run = playbook("prepare.yml", "--tags", "firewall", "--vault-password-file", str(vault_pass),
+                   inventory=inv, extra=stock["extra"], timeout=300)
+    assert run.returncode == 0, tail(run)
+    assert recap(run)["node0"]["failed"] == 0
+
+
+# ---------------------------------------------------------------- processes: whose may be signalled
+def run_pids(c, host: str, run_id: str) -> list[str]:
+    """PIDs on `host` of run `run_id` (DDPLAB_RUN_ID in their environment), read as `lab`."""
+    code = ("import os\n"
+            "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    try: env = open(f'/proc/{p}/environ','rb').read()\n"
+            "    except OSError: continue\n"
+            f"    if b'DDPLAB_RUN_ID={run_id}\\0' in env: print(p)\n")
+    got = as_lab(c, host, f"python3 -c {shlex.quote(code)}")
+    assert got.returncode == 0, got.stderr
+    return sorted(got.stdout.split(), key=int)
+
+
+def torchrun_pids(c, host: str, run_id: str) -> list[str]:
+    return [p for p in run_pids(c, host, run_id)
+            if "torch.distributed.run" in as_lab(c, host, f"tr '\\0' ' ' < /proc/{p}/cmdline").stdout]
+
+
+def test_a_live_run_survives_prepare_unless_replace_is_asked(stock, prepared):
+    assert prepared[0].returncode == 0, tail(prepared[0])
+    c = stock["cluster"]
+    start = playbook("start.yml", inventory=stock["inv"], timeout=300,
+                     extra={**stock["extra"], "ddplab_trainer_steps": 100000, "ddplab_run_id": "stock-live"})
+    assert start.returncode == 0, tail(start)
+    deadline = time.monotonic() + 60
+    while not all(torchrun_pids(c, h, "stock-live") for h in ("node0", "node1")):
+        assert time.monotonic() < deadline, "the run's torchrun did not start"
+        time.sleep(1)
+    before = {h: run_pids(c, h, "stock-live") for h in ("node0", "node1")}
+
+    refused = playbook("prepare.yml", inventory=stock["inv"], extra=stock["extra"], timeout=600)
+    assert refused.returncode != 0, tail(refused)
+    for host in ("node0", "node1"):
+        assert f"ddplab: error: {host}: run stock-live is still running there (torchrun PID " \
+            in refused.stdout, tail(refused)
+        assert set(before[host]) <= set(run_pids(c, host, "stock-live")), f"prepare ended a rank on {host}"
+    assert "playbooks/stop.yml -e ddplab_run_id=stock-live" in refused.stdout
+    assert "-e ddplab_replace_running=true" in refused.stdout
+
+    replaced = playbook("prepare.yml", inventory=stock["inv"], timeout=600,
+                        extra={**stock["extra"], "ddplab_replace_running": "true"})
+    assert replaced.returncode == 0, tail(replaced)
+    assert "live run stock-live, replaced: ddplab_replace_running=true" in replaced.stdout
+    for host in ("node0", "node1"):
+        assert run_pids(c, host, "stock-live") == [], host
+
+
+def test_root_listener_on_the_master_port_is_named_not_killed(stock, prepared):
+    assert prepared[0].returncode == 0, tail(prepared[0])
+    c = stock["cluster"]
+    listener = ("import socket,time; s=socket.socket(); s.bind(('0.0.0.0',29500)); s.listen(); "
+                "time.sleep(3600)")
+    squatter = c.exec("node0", ["sh", "-c", f"setsid python3 -c \"{listener}\" >/dev/null 2>&1 </dev/null "
+                                "& echo $!"], timeout=30, check=True).stdout.strip()
+    try:
+        deadline = time.monotonic() + 10
+        while ":29500" not in c.exec("node0", ["ss", "-Htln"], timeout=30).stdout:
+            assert time.monotonic() < deadline, "the listener did not start"
+            time.sleep(0.2)
+        run = playbook("prepare.yml", inventory=stock["inv"], extra=stock["extra"], timeout=600)
+        assert run.returncode != 0, tail(run)
+        # `lab` cannot see root's PID; the read-only root scan names it, as the user would need it
+        assert (f"ddplab: error: node0: master port 29500 is held by PID {squatter} of user root: "
+                "python3 -c import socket") in run.stdout, tail(run)
+        assert "never another user's process" in run.stdout
+        assert c.exec("node0", ["kill", "-0", squatter], timeout=30).returncode == 0, "prepare killed it"
+    finally:
+        c.exec("node0", ["kill", squatter], timeout=30)
