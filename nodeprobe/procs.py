@@ -199,7 +199,8 @@ def lab_processes(root: str, shared: bool = False) -> dict:
             continue
         parent = ppid(pid)
         found.append({"pid": pid, "ppid": parent, "orphan": parent == 1, "cmdline": cmd, "cwd": cwd,
-                      "role": _role(cmd)})
+                      "role": _role(cmd), "run": environ(pid).get("DDPLAB_RUN_ID", ""),
+                      "torchrun": bool(LAUNCHER_CMD.search(cmd))})
     return {"probe": "lab-processes", "host": socket.gethostname(), "root": lab, "processes": found,
             "ranks": [p["pid"] for p in found if p["role"] in ("rank", "launcher")]}
 

@@ -200,11 +200,20 @@ def stale(j: Judge, h: str) -> None:
         return
     procs = r.get("processes") or []
     stale = [p for p in procs if p.get("role") in ("rank", "launcher")]
+    # a run whose torchrun still runs is live (nodeprobe/procs.py): prepare refuses it, it is not a leftover
+    live = sorted({p["run"] for p in stale if p.get("run") and p.get("torchrun") and not p.get("orphan")})
+    if live:
+        pids = " ".join(str(p["pid"]) for p in stale if p.get("run") in live and p.get("torchrun"))
+        j.fail(h, "stale_processes", f"run {', '.join(live)} is still running on {h} (torchrun pid {pids})",
+                  f"ansible-playbook playbooks/stop.yml -e ddplab_run_id={live[0]}  # or launch with "
+                  "-e ddplab_replace_running=true to end it")
+        return
     if stale:
         desc = "; ".join(f"pid {p['pid']}{' (orphan)' if p.get('orphan') else ''} {p['cmdline'][:80]}"
                          for p in stale)
         j.fail(h, "stale_processes", f"{len(stale)} leftover process(es) of this lab on {h}: {desc}",
-                  f"kill {' '.join(str(p['pid']) for p in stale)}  # on {h}, or run playbooks/stop.yml")
+                  f"ansible-playbook playbooks/prepare.yml  # ends a lab's leftovers; or kill "
+                  f"{' '.join(str(p['pid']) for p in stale)} on {h}")
     else:
         other = f" ({len(procs)} other lab process(es), e.g. tmux)" if procs else ""
         j.set(h, "stale_processes", OK, f"no leftover ranks{other}")

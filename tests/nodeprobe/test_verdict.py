@@ -257,8 +257,24 @@ def test_threads_dtype_torch_code_stale_faults_on_one_host(real, tmp_path):
     assert fix_of(res, "node1", "dtype") == "use --dtype fp32"
     assert fix_of(res, "node1", "torch").startswith("pip install torch==2.13.0")
     assert "prepare.yml to sync nodeprobe/ to node1" in fix_of(res, "node1", "code")
-    assert fix_of(res, "node1", "stale_processes").startswith("kill 777")
+    assert fix_of(res, "node1", "stale_processes").startswith("ansible-playbook playbooks/prepare.yml")
+    assert "kill 777 on node1" in fix_of(res, "node1", "stale_processes")
     assert "(orphan)" in res["hosts"]["node1"]["stale_processes"]["detail"]
+
+
+def test_a_live_run_is_named_as_running_not_as_a_leftover(real, tmp_path):
+    f = cluster(real)
+    f["node1/lab_processes.json"]["processes"] = [
+        {"pid": 700, "ppid": 650, "orphan": False, "role": "rank", "run": "run-a", "torchrun": True,
+         "cmdline": "python -m torch.distributed.run --nnodes 2 -m trainer"},
+        {"pid": 701, "ppid": 700, "orphan": False, "role": "rank", "run": "run-a", "torchrun": False,
+         "cmdline": "python -m trainer --data d"}]
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 1 and failing(res) == {("node1", "stale_processes")}
+    assert res["hosts"]["node1"]["stale_processes"]["detail"] == \
+        "run run-a is still running on node1 (torchrun pid 700)"
+    assert fix_of(res, "node1", "stale_processes").startswith(
+        "ansible-playbook playbooks/stop.yml -e ddplab_run_id=run-a")
 
 
 def test_iface_faults(real, tmp_path):
