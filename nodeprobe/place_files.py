@@ -9,11 +9,12 @@ One process for what would otherwise be one `copy` task (two SSH round trips) pe
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import tempfile
 from pathlib import Path
+
+from nodeprobe.spec import read_spec
 
 
 def write_file(path: Path, content: str, mode: int) -> None:
@@ -55,10 +56,4 @@ def place_files(spec: dict) -> dict:
 
 
 def run(text: str) -> dict:
-    try:
-        spec = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"the spec on stdin is not JSON ({e})") from None
-    if not isinstance(spec, dict):
-        raise ValueError("the spec on stdin is not a JSON object")
-    return place_files(spec)
+    return place_files(read_spec(text))

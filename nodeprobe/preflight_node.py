@@ -24,11 +24,9 @@ import contextlib
 import json
 from pathlib import Path
 
+from nodeprobe.spec import SpecError, read_spec  # noqa: F401 (SpecError: callers catch it here)
+
 MASTER_TARGET = "@master"
-
-
-class SpecError(ValueError):
-    """The spec is unusable: the command exits 2 with this one line."""
 
 
 def flag(value) -> bool:
@@ -167,19 +165,6 @@ def smoke_plan(spec: dict) -> dict:
         return {"run": argv}
     return {"skip": reason, "stop_warm": warm,
             "quit_master_listener": is_master(spec) and bool((probes.get("listen_master") or {}).get("ok"))}
-
-
-def read_spec(text: str, needs: tuple[str, ...]) -> dict:
-    try:
-        spec = json.loads(text)
-    except ValueError as e:
-        raise SpecError(f"the spec on stdin is not JSON ({e})") from None
-    if not isinstance(spec, dict):
-        raise SpecError("the spec on stdin is not a JSON object")
-    missing = [k for k in needs if spec.get(k) in (None, "")]
-    if missing:
-        raise SpecError(f"the spec on stdin has no {', '.join(missing)}")
-    return spec
 
 
 def run(verb: str, text: str) -> int:

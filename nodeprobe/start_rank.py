@@ -14,7 +14,6 @@ what the rank runs.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -22,23 +21,7 @@ import subprocess
 from pathlib import Path
 
 from nodeprobe.place_files import write_file
-
-
-class SpecError(ValueError):
-    """The spec is unusable: the command exits 2 with this one line."""
-
-
-def read_spec(text: str, needs: tuple[str, ...]) -> dict:
-    try:
-        spec = json.loads(text)
-    except ValueError as e:
-        raise SpecError(f"the spec on stdin is not JSON ({e})") from None
-    if not isinstance(spec, dict):
-        raise SpecError("the spec on stdin is not a JSON object")
-    missing = [k for k in needs if spec.get(k) in (None, "")]
-    if missing:
-        raise SpecError(f"the spec on stdin has no {', '.join(missing)}")
-    return spec
+from nodeprobe.spec import SpecError, read_spec  # noqa: F401 (SpecError: callers catch it here)
 
 
 def cpu_count() -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from ddplab.preflight import checks_files, checks_inventory, checks_network, che
 from ddplab.preflight.collect import InputError
 from ddplab.preflight.judge import CHECKS, FAIL, NA, SKIP, Judge, fold_unprepared
 from nodeprobe import hashing
+from nodeprobe.place_files import write_file
 
 # Checks a failure of which makes the gloo smoke test pointless (or a sure hang): --gate skips it.
 SMOKE_NEEDS = ("inventory", "ssh", "torch", "gloo", "iface", "hostname", "tcp_master", "tcp_peers",
@@ -141,14 +141,7 @@ def gate(result: dict) -> dict:
 
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file(path, text, 0o644)
 
 
 def read_inputs(args) -> collect.Inputs:
