@@ -1,14 +1,16 @@
-"""Low-communication mode on 2 local ranks: per-step all-reduce (--sync-every 1) vs DiLoCo (--sync-every 8).
+"""Low-communication mode on 2 local ranks: per-step all-reduce (--sync-every 1) vs --sync-every 8.
 
-    .venv/bin/python bench/local_sgd.py [--rounds 3] [--steps 48] [--id ID]
+    .venv/bin/python bench/local_sgd.py [--rounds 3] [--steps 96] [--id ID]
 
-Both configurations train the same model, batch and number of steps (so the same tokens) with 2 ranks
-under `torchrun --standalone` on this machine (loopback, gloo, 1 thread per rank), in interleaved rounds
-(each configuration once per round, the order alternating). Per run: tokens/s (the trainer's own, after
-its warm-up steps), the held-out loss of the final checkpoint (documents generated with another seed;
-the same batches for every run; after the last step every rank holds the synchronized model), the mean
-train loss of both ranks over the last 8 steps, and the bytes all-reduced per step. Ratios (H=8 over
-H=1) are taken within each round, then summarized: median with min-max.
+Configurations: H1 (DDP, gradients all-reduced every step), H8 (DiLoCo defaults: outer lr 0.7, Nesterov
+momentum 0.9), H8-avg (plain parameter averaging every 8 steps: outer lr 1, momentum 0). All train the
+same model, batch and number of steps (so the same tokens) with 2 ranks under `torchrun --standalone`
+on this machine (loopback, gloo, 1 thread per rank), in interleaved rounds (each configuration once
+per round, the order reversed every other round). Per run: tokens/s (the trainer's own, after its
+warm-up steps), the held-out loss of the final checkpoint (documents generated with another seed; the
+same batches for every run; after the last step every rank holds the synchronized model), the mean
+train loss of both ranks over the last 8 steps, and the bytes all-reduced per step. Ratios (each
+configuration over H1) are taken within each round, then summarized: median with min-max.
 
 This is loopback, not a slow link: the all-reduce is cheap here, so it measures what the mode costs
 or saves in compute and loss, not what it gains on Wi-Fi or 1 GbE. Writes runs/bench-local-sgd-<id>/
@@ -34,7 +36,10 @@ from bench.hetero import val_loss  # noqa: E402  (held-out loss of a run's final
 
 MODEL = ["--depth", "2", "--seq-len", "128", "--batch-size", "8", "--threads", "1", "--log-every", "8",
          "--check-every", "8", "--lr", "3e-3", "--timing-warmup-steps", "2"]
-CONFIGS = {"H1": [], "H8": ["--sync-every", "8", "--allow-local-sgd"]}
+CONFIGS = {"H1": [], "H8": ["--sync-every", "8", "--allow-local-sgd"],
+           "H8-avg": ["--sync-every", "8", "--allow-local-sgd", "--outer-lr", "1", "--outer-momentum", "0"]}
+LABELS = {"H1": "--sync-every 1 (DDP, fp32)", "H8": "--sync-every 8, DiLoCo (outer lr 0.7, Nesterov 0.9)",
+          "H8-avg": "--sync-every 8, parameter averaging (outer lr 1, momentum 0)"}
 RESULTS = REPO / "bench" / "results" / "local_sgd"
 
 
@@ -71,8 +76,9 @@ def summarize(runs: list[dict]) -> dict:
         out[c]["allreduce_bytes_per_step"] = mine[0]["allreduce_bytes_per_step"]
     rounds = sorted({r["round"] for r in runs})
     by = {(r["round"], r["config"]): r for r in runs}
-    out["H8_over_H1"] = {k: spread([by[(n, "H8")][k] / by[(n, "H1")][k] for n in rounds])
-                         for k in ("tokens_per_sec", "val_loss")}
+    for c in list(CONFIGS)[1:]:
+        out[f"{c}_over_H1"] = {k: spread([by[(n, c)][k] / by[(n, "H1")][k] for n in rounds])
+                               for k in ("tokens_per_sec", "val_loss")}
     return out
 
 
@@ -86,14 +92,16 @@ def write_md(rep: dict) -> str:
              rep["setup"], "",
              "| config | tokens/s | held-out loss | train loss, last 8 steps | all-reduce bytes/step |",
              "|---|---|---|---|---|"]
-    for c, label in (("H1", "--sync-every 1 (DDP, fp32)"), ("H8", "--sync-every 8 (DiLoCo 0.7/0.9)")):
+    for c, label in LABELS.items():
         x = s[c]
         lines.append(f"| {label} | {f(x['tokens_per_sec'])} | {f(x['val_loss'], 4)} | "
                      f"{f(x['train_loss_last8'], 4)} | {x['allreduce_bytes_per_step']:,.0f} |")
-    r = s["H8_over_H1"]
-    lines += ["", f"H8 / H1 within each round: tokens/s {f(r['tokens_per_sec'], 3)}, held-out loss "
-              f"{f(r['val_loss'], 3)} (median (min-max) of {r['tokens_per_sec']['n']} rounds).", "",
-              "Loopback only: the all-reduce is cheap here, so this says what the mode costs in loss and "
+    lines.append("")
+    for c in list(CONFIGS)[1:]:
+        r = s[f"{c}_over_H1"]
+        lines.append(f"{c} / H1 within each round: tokens/s {f(r['tokens_per_sec'], 3)}, held-out loss "
+                     f"{f(r['val_loss'], 3)} (median (min-max) of {r['tokens_per_sec']['n']} rounds).")
+    lines += ["", "Loopback only: the all-reduce is cheap here, so this says what the mode costs in loss and "
               "saves in communication at equal tokens, not its gain on a slow link.", ""]
     return "\n".join(lines)
 
@@ -101,7 +109,7 @@ def write_md(rep: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--steps", type=int, default=96)
     ap.add_argument("--id", default=time.strftime("%Y%m%d-%H%M%S"))
     args = ap.parse_args(argv)
     from trainer.data.shards import prepare
