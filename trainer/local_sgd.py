@@ -61,6 +61,8 @@ class LocalSGD:
     @torch.no_grad()
     def reset_anchor(self) -> None:
         """The current parameters are the synchronized ones (after DDP's broadcast or a resume)."""
+        if self.plain:  # plain averaging keeps no anchor
+            return
         for a, p in zip(self.anchor, self.params, strict=True):
             a.copy_(p)
 

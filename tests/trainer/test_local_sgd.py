@@ -201,3 +201,14 @@ def test_resume_right_after_a_sync_continues_exactly(local_run, small_shards, tm
         assert got == want
     s_ref, s = (json.loads((d / "summary.json").read_text()) for d in (ref, out))
     assert s["final_param_sha256"] == s_ref["final_param_sha256"]
+
+
+@pytest.mark.slow
+def test_plain_averaging_trains_under_torchrun(small_shards, tmp_path):
+    out = tmp_path / "out"
+    r = torchrun(["--data", small_shards, "--out", out, "--steps", 6, *TINY, "--sync-every", "4",
+                  "--allow-local-sgd", "--outer-lr", "1", "--outer-momentum", "0", "--check-every", "1"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["byte_equivalent"] is True
+    assert (s["local_sgd"]["outer_optimizer"], s["local_sgd"]["syncs"]) == ("none (parameter averaging)", 2)
