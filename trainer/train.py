@@ -147,6 +147,12 @@ def run(cfg: TrainConfig) -> int:
         write_json(out / "config.json", resolved)
     mem = estimate_train_memory(gcfg, cfg.batch_size, di.world_size)
     D.print0(banner(cfg, dtype, why, threads, n_params, di.world_size, mem))
+    if local:
+        D.print0(f"ddplab: low-communication mode: {cfg.sync_every} local steps per sync, then " +
+                 ("the parameters are averaged" if lsgd.plain else
+                  f"an outer SGD step (lr {cfg.outer_lr}, Nesterov momentum {cfg.outer_momentum}) on the "
+                  f"averaged parameter change") +
+                 f"; {lsgd.bytes_per_sync / 1e6:.2f} MB per sync (--allow-local-sgd)")
     if resumed is not None:
         D.print0(f"ddplab: resumed from {resumed['path']} at step {start_step}")
 

@@ -159,6 +159,7 @@ def local_run(small_shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("local") / "out"
     r = torchrun(["--data", small_shards, "--out", out, *ARGS, "--check-every", "1"])
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "ddplab: low-communication mode: 4 local steps per sync, then an outer SGD step" in r.stdout
     return out
 
 
