@@ -1,10 +1,12 @@
 """Checkpoints: rank 0 writes, atomically, with a checksum; resume reads on rank 0 and broadcasts.
 
 `OUT/ckpt/step_{N:06d}.pt` is a plain `torch.save` file (model, optimizer, step, every rank's data
-position and RNG state, config). It is written to a temp file, fsynced and renamed; then its sha256 goes
-to `step_{N:06d}.pt.sha256` the same way. A checkpoint counts only when its sha256 file exists and
-matches, so a torn or truncated file is detected and the previous one is used. Other ranks never read
-these files: train.py broadcasts what rank 0 loaded (no shared storage is assumed).
+position and RNG state, config; with --sync-every > 1 also every rank's inner optimizer state and the
+outer optimizer's, written right after a parameter sync). It is written to a temp file, fsynced and
+renamed; then its sha256 goes to `step_{N:06d}.pt.sha256` the same way. A checkpoint counts only when
+its sha256 file exists and matches, so a torn or truncated file is detected and the previous one is
+used. Other ranks never read these files: train.py broadcasts what rank 0 loaded (no shared storage
+is assumed).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from trainer.config import TrainConfig, UsageError
 
 _NAME = re.compile(r"^step_(\d{6,})\.pt$")
 # settings that must match between a checkpoint and the run that resumes it
-_RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps", "balance")
-_OLD_DEFAULTS = {"balance": False}  # settings added later: what a checkpoint written before them meant
+_RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps", "balance",
+                      "sync_every")
+# settings added later: what a checkpoint written before them meant
+_OLD_DEFAULTS = {"balance": False, "sync_every": 1}
 
 
 def ckpt_dir(out: str | Path) -> Path:

@@ -71,6 +71,11 @@ class TrainConfig:
     balance: bool = False
     balance_every: int = 10
     balance_damping: float = 0.5
+    # --- low-communication mode (trainer/local_sgd.py) ----------------------------------------------
+    sync_every: int = 1
+    allow_local_sgd: bool = False
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
     # filled in by __post_init__ when left at 0 (derived from depth)
     _derived: list = field(default_factory=list, repr=False)
 
@@ -124,6 +129,20 @@ class TrainConfig:
         need(self.balance_every >= 1, f"--balance-every must be at least 1, got {self.balance_every}")
         need(0 < self.balance_damping <= 1,
              f"--balance-damping must be in (0, 1], got {self.balance_damping}")
+        need(self.sync_every >= 1, f"--sync-every must be at least 1, got {self.sync_every}")
+        need(self.outer_lr > 0, f"--outer-lr must be positive, got {self.outer_lr}")
+        need(0 <= self.outer_momentum < 1, f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        if self.sync_every > 1:
+            need(self.allow_local_sgd,
+                 f"--sync-every {self.sync_every} changes the optimization (local SGD: each rank takes "
+                 f"{self.sync_every} steps on its own data, then the ranks average); add --allow-local-sgd "
+                 f"to accept that, or use --sync-every 1 (all-reduce gradients every step)")
+            need(self.comm == "fp32",
+                 f"--comm {self.comm} with --sync-every {self.sync_every}: local SGD all-reduces no "
+                 f"gradients, its parameter sync is one fp32 all-reduce; use --comm fp32 (the default)")
+            need(not self.balance,
+                 f"--balance with --sync-every {self.sync_every}: balancing weights each rank's share of "
+                 f"one all-reduced gradient, local SGD has none; use one of the two")
         need(self.pg_timeout_s >= 5, f"--pg-timeout-s must be at least 5 seconds, got {self.pg_timeout_s}")
         need(all(c.isalnum() or c in "-_." for c in self.run_id),
              f"--run-id may only contain letters, digits, '-', '_' and '.', got {self.run_id!r}")
@@ -189,6 +208,13 @@ FIELD_HELP = {
     "balance_every": "--balance: re-estimate the shares every N steps",
     "balance_damping": "--balance: move the shares this fraction of the way toward the measured split (1: "
                        "all the way; lower: steadier)",
+    "sync_every": "low-communication mode: all-reduce every step (1) or, with H > 1, let each rank take H "
+                  "optimizer steps on its own data, then average the parameter change (local SGD / DiLoCo); "
+                  "needs --allow-local-sgd",
+    "allow_local_sgd": "accept --sync-every > 1, which changes the optimization (and its loss)",
+    "outer_lr": "--sync-every > 1: outer learning rate on the averaged parameter change (1 with "
+                "--outer-momentum 0: plain parameter averaging)",
+    "outer_momentum": "--sync-every > 1: outer Nesterov momentum (DiLoCo: 0.9; 0: plain SGD outer step)",
 }
 
 CHOICES = {"dtype": DTYPE_CHOICES, "comm": COMM_CHOICES, "device": DEVICE_CHOICES}

@@ -27,6 +27,7 @@ from trainer.data.loader import ShardLoader
 from trainer.data.shared_stream import SharedStreamLoader
 from trainer.data.tokenizer import VOCAB_SIZE
 from trainer.device import autocast_context, banner, setup_threads
+from trainer.local_sgd import LocalSGD, crossed, gather_to_main
 from trainer.metrics import CommTimer, JsonlWriter, progress_line
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
 from trainer.resilience import StragglerWatch, is_comm_failure, lost_peer_line
@@ -116,12 +117,17 @@ def run(cfg: TrainConfig) -> int:
                              cfg.balance_every, cfg.balance_damping)
     loader = (SharedStreamLoader(ds, di.rank, cfg.seq_len) if cfg.balance
               else ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len))
+    local = cfg.sync_every > 1  # low-communication mode: H local steps, then one parameter sync
+    lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum)
+            if local else None)
     start_step, loss_first = 0, None
     resumed = checkpoint.load_for_resume(cfg, ds.digest, di.world_size) if cfg.resume else None
     if resumed is not None:
         raw.load_state_dict(resumed["model"])
-        opt.load_state_dict(resumed["optim"])
+        opt.load_state_dict(resumed["optim_ranks"][di.rank] if local else resumed["optim"])
         try:
+            if local:
+                lsgd.load_state_dict(resumed["local_sgd"])
             loader.load_state_dict(resumed["data"][di.rank])
             if cfg.balance:
                 shares.load_state_dict(resumed["balance"])
@@ -141,6 +147,12 @@ def run(cfg: TrainConfig) -> int:
         write_json(out / "config.json", resolved)
     mem = estimate_train_memory(gcfg, cfg.batch_size, di.world_size)
     D.print0(banner(cfg, dtype, why, threads, n_params, di.world_size, mem))
+    if local:
+        D.print0(f"ddplab: low-communication mode: {cfg.sync_every} local steps per sync, then " +
+                 ("the parameters are averaged" if lsgd.plain else
+                  f"an outer SGD step (lr {cfg.outer_lr}, Nesterov momentum {cfg.outer_momentum}) on the "
+                  f"averaged parameter change") +
+                 f"; {lsgd.bytes_per_sync / 1e6:.2f} MB per sync (--allow-local-sgd)")
     if resumed is not None:
         D.print0(f"ddplab: resumed from {resumed['path']} at step {start_step}")
 
@@ -149,6 +161,8 @@ def run(cfg: TrainConfig) -> int:
     timer = CommTimer()
     comm = GradComm(cfg, di.world_size, timer)
     comm.install(model)
+    if local:
+        lsgd.reset_anchor()  # DDP broadcast rank 0's parameters into the model
     if resumed is not None and cfg.comm in ("powersgd", "auto") and di.world_size > 1:
         # PowerSGD's error feedback is per rank and as large as the gradients; it is not checkpointed
         D.print0(f"ddplab: note: --comm {cfg.comm} after a resume starts afresh (" +
@@ -163,6 +177,7 @@ def run(cfg: TrainConfig) -> int:
     stragglers = StragglerWatch(cfg.straggler_every, cfg.straggler_ratio, di.world_size, hosts,
                                 shares=shares if cfg.balance else None)
     final_sha = check_params_agree(raw, start_step, hosts)
+    last_sync = start_step  # checks and checkpoints happen right after a sync (every step when H = 1)
     model.train()
     for step in range(start_step, cfg.steps):
         t0 = time.perf_counter()
@@ -178,7 +193,7 @@ def run(cfg: TrainConfig) -> int:
         micros = micro_batches(cfg, loader, shares, di.rank, di.world_size)
         for micro, (x, y, scale, part) in enumerate(micros):
             x, y = x.to(device), y.to(device)
-            with D.no_sync(model, skip=micro < len(micros) - 1):
+            with D.no_sync(model, skip=local or micro < len(micros) - 1):
                 with autocast_context(cfg.device, dtype):
                     loss = scale(model(x, y))
                 loss.backward()
@@ -187,14 +202,22 @@ def run(cfg: TrainConfig) -> int:
             torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        synced = not local or lsgd.due(step + 1)
+        sync = lsgd.sync() if local and synced else None
         dt = time.perf_counter() - t0
         c = timer.step_stats()
+        if local:  # no gradient all-reduce; the parameter sync's all-reduce blocks, so all of it is exposed
+            ms = sync["sync_ms"] if sync else 0.0
+            c = {"allreduce_ms": ms, "exposed_ms": ms, "allreduce_bytes": sync["sync_bytes"] if sync else 0,
+                 "buckets": 1 if sync else 0}
         rec = {"step": step + 1, "loss": loss_sum, "lr": lr, "dt_ms": dt * 1e3,
                "tokens": tokens_per_step, "tokens_per_sec": tokens_per_step / dt,
                "compute_ms": dt * 1e3 - c["exposed_ms"], "allreduce_ms": c["allreduce_ms"],
                "exposed_ms": c["exposed_ms"], "allreduce_bytes": c["allreduce_bytes"],
                "buckets": c["buckets"], "comm": option, "epoch": pos["epoch"], "row_group": rg,
-               "share": mine, "wait_ms": c["exposed_ms"]}
+               "share": mine, "wait_ms": c["exposed_ms"], "synced": synced}
+        if local:
+            rec["sync_ms"] = c["allreduce_ms"]
         if not math.isfinite(loss_sum):
             raise RuntimeError(f"loss is {loss_sum} at step {step + 1}; lower --lr")
         loss_first = loss_sum if loss_first is None else loss_first
@@ -209,17 +232,23 @@ def run(cfg: TrainConfig) -> int:
             recent = records[-10:]
             eta = (cfg.steps - done) * sum(r["dt_ms"] for r in recent) / len(recent) / 1e3
             print(progress_line(rec, cfg.steps, eta), flush=True)
-        if done == cfg.steps or (cfg.check_every and done % cfg.check_every == 0):
+        if not synced:  # ranks hold different parameters until the next sync: no check, no checkpoint
+            continue
+        if done == cfg.steps or crossed(cfg.check_every, last_sync, done):
             final_sha = check_params_agree(raw, done, hosts)
-        if done == cfg.steps or (cfg.ckpt_every and done % cfg.ckpt_every == 0):
+        if done == cfg.steps or crossed(cfg.ckpt_every, last_sync, done):
             positions = D.all_gather_object(loader.state_dict())
             rngs = D.all_gather_object(torch.get_rng_state())
+            extra = {}
+            if local:  # inner optimizer states differ per rank (DiLoCo keeps them local)
+                extra = {"optim_ranks": gather_to_main(opt.state_dict()), "local_sgd": lsgd.state_dict()}
             if D.is_main_process():
                 checkpoint.save(out, done, {
                     "step": done, "model": raw.state_dict(), "optim": opt.state_dict(), "data": positions,
                     "rng": rngs, "balance": shares.state_dict(), "config": cfg.to_dict(), "run_id": run_id,
                     "world_size": di.world_size,
-                    "data_digest": ds.digest, "loss_first": loss_first}, keep=cfg.ckpt_keep)
+                    "data_digest": ds.digest, "loss_first": loss_first, **extra}, keep=cfg.ckpt_keep)
+        last_sync = done
     metrics.close()
 
     # 4. summaries
@@ -227,6 +256,8 @@ def run(cfg: TrainConfig) -> int:
                         timing_skip=max(cfg.timing_warmup_steps, comm.timing_skip), loss_first=loss_first,
                         final_param_sha256=final_sha, row_groups_read=loader.seen,
                         data_position=loader.state_dict())
+    if local:  # a sync every H steps: the volume per step is the mean, not the last step's
+        mine["allreduce_bytes_per_step"] = lsgd.summary(records)["comm_bytes_per_step"]
     write_json(out / f"summary.rank{di.rank}.json", mine)
     per_rank = D.all_gather_object(mine)
     if D.is_main_process():
@@ -237,7 +268,9 @@ def run(cfg: TrainConfig) -> int:
                  **comm.summary(), "bucket_cap_mb": cfg.bucket_cap_mb,
                  "flops_per_token": flops_per_token(gcfg), "mfu": None,  # no known peak FLOP/s for a CPU
                  "est_memory_bytes_per_rank": mem,
-                 "balance": shares.state_dict() if cfg.balance else None}
+                 "balance": shares.state_dict() if cfg.balance else None,
+                 # the mode: H = 1 all-reduces gradients every step; H > 1 is local SGD / DiLoCo
+                 "sync_every": cfg.sync_every, "local_sgd": lsgd.summary(records) if local else None}
         write_json(out / "summary.json", run_summary(per_rank, facts))
     D.barrier()
     D.print0("ddplab: done")

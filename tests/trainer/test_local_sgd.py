@@ -1,0 +1,215 @@
+"""Low-communication mode (--sync-every H): the schedule, the flag checks, the sync on a real 2-rank gloo
+group against a hand computation, and 2-rank torchrun runs (agreement after every sync, exact resume)."""
+
+import datetime
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.helpers.trainer_runs import REPO, TINY, env, error_lines, free_port, read_jsonl, torchrun
+from trainer.agreement import param_sha256
+from trainer.config import check_args
+from trainer.local_sgd import LocalSGD, crossed
+from trainer.model import GPTConfig, param_count
+
+# --- the schedule (pure) ----------------------------------------------------------------------------
+
+
+def test_a_check_due_between_syncs_moves_to_the_next_sync():
+    # every 6 steps, syncs at 4, 8, 12: the check due at 6 happens at 8, the one at 12 at 12
+    syncs = [4, 8, 12, 16, 20, 24]
+    got = [s for prev, s in zip([0, *syncs], syncs, strict=False) if crossed(6, prev, s)]
+    assert got == [8, 12, 20, 24]
+    # a sync every step: exactly the multiples
+    assert [d for d in range(1, 25) if crossed(6, d - 1, d)] == [6, 12, 18, 24]
+    assert not any(crossed(0, d - 1, d) for d in range(1, 25))  # 0: never (only at the end)
+
+
+def test_syncs_every_h_steps_and_at_the_last_step():
+    m = LocalSGD([torch.zeros(3)], sync_every=4, steps=10, outer_lr=1.0, outer_momentum=0.0)
+    assert [d for d in range(1, 11) if m.due(d)] == [4, 8, 10]
+
+
+# --- flags ------------------------------------------------------------------------------------------
+
+BASE = ["--data", "d", "--out", "o"]
+
+
+@pytest.mark.parametrize("extra, flag, words", [
+    (["--sync-every", "4"], "--sync-every", "add --allow-local-sgd"),
+    (["--sync-every", "4", "--allow-local-sgd", "--comm", "auto"], "--comm", "use --comm fp32"),
+    (["--sync-every", "4", "--allow-local-sgd", "--comm", "bf16"], "--comm", "use --comm fp32"),
+    (["--sync-every", "4", "--allow-local-sgd", "--balance"], "--balance", "use one of the two"),
+    (["--sync-every", "0"], "--sync-every", "must be at least 1"),
+    (["--sync-every", "2", "--allow-local-sgd", "--outer-momentum", "1"], "--outer-momentum", "[0, 1)"),
+    (["--sync-every", "2", "--allow-local-sgd", "--outer-lr", "0"], "--outer-lr", "must be positive"),
+])
+def test_bad_local_sgd_flags_give_one_line_naming_the_flag(extra, flag, words):
+    line = check_args(BASE + extra)
+    assert line is not None and line.startswith(f"trainer argument {flag}:") and words in line, line
+    assert "\n" not in line
+
+
+def test_local_sgd_flags_that_fit_are_accepted():
+    assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--outer-lr", "1",
+                              "--outer-momentum", "0", "--ckpt-every", "5", "--check-every", "3"]) is None
+    assert check_args(BASE + ["--sync-every", "1"]) is None  # today's DDP needs no permission
+
+
+def test_the_cli_refuses_local_sgd_without_permission_in_one_line():
+    r = subprocess.run([sys.executable, "-m", "trainer", "--data", "d", "--out", "o", "--sync-every", "4"],
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert error_lines(r.stderr) == [ln for ln in r.stderr.splitlines() if ln.startswith("ddplab: error: ")]
+    assert len(error_lines(r.stderr)) == 1 and "--allow-local-sgd" in r.stderr
+
+
+# --- the sync on a real 2-rank gloo group -----------------------------------------------------------
+
+
+def _worker(rank, port, outer_lr, outer_momentum, q):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    ls = LocalSGD(model.parameters(), 3, 6, outer_lr, outer_momentum)
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+    out = []
+    for step in range(1, 7):
+        x, y = torch.randn(8, 5, generator=gen), torch.randn(8, 1, generator=gen)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        inner.step()
+        inner.zero_grad()
+        if ls.due(step):
+            before = [p.detach().clone() for p in model.parameters()]
+            sha_before = param_sha256(model)
+            info = ls.sync()
+            out.append({"before": before, "after": [p.detach().clone() for p in model.parameters()],
+                        "sha_before": sha_before, "sha_after": param_sha256(model),
+                        "bytes": info["sync_bytes"]})
+    buf = io.BytesIO()  # as bytes: a queued tensor's shared memory is gone once this process exits
+    torch.save(out, buf)
+    q.put((rank, buf.getvalue()))
+    dist.destroy_process_group()
+
+
+def _two_ranks(outer_lr, outer_momentum):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, port, outer_lr, outer_momentum, q)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = {r: torch.load(io.BytesIO(b)) for r, b in (q.get(timeout=90) for _ in procs)}
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    return got[0], got[1]
+
+
+@pytest.mark.slow
+def test_plain_local_sgd_is_the_average_of_the_ranks_parameters_bit_for_bit():
+    r0, r1 = _two_ranks(1.0, 0.0)
+    assert len(r0) == 2  # syncs after steps 3 and 6
+    numel = sum(t.numel() for t in r0[0]["before"])
+    for s0, s1 in zip(r0, r1, strict=True):
+        assert s0["sha_before"] != s1["sha_before"]  # the ranks trained apart on different data
+        assert s0["sha_after"] == s1["sha_after"]  # the agreement checksum matches after the sync
+        for a, b, avg in zip(s0["before"], s1["before"], s0["after"], strict=True):
+            assert torch.equal(avg, a / 2 + b / 2)
+        assert s0["bytes"] == numel * 4
+
+
+@pytest.mark.slow
+def test_diloco_outer_step_is_nesterov_sgd_on_the_mean_delta():
+    lr, mu = 0.7, 0.9
+    r0, r1 = _two_ranks(lr, mu)
+    torch.manual_seed(0)  # both ranks started from this model
+    m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    anchor, buf = [p.detach().clone() for p in m.parameters()], None
+    for s0, s1 in zip(r0, r1, strict=True):
+        assert s0["sha_before"] != s1["sha_before"] and s0["sha_after"] == s1["sha_after"]
+        # by hand: g = mean over ranks of (anchor - theta_r); b = mu b + g; anchor -= lr (g + mu b)
+        g = [(a - t0) / 2 + (a - t1) / 2
+             for a, t0, t1 in zip(anchor, s0["before"], s1["before"], strict=True)]
+        buf = g if buf is None else [mu * b + gi for b, gi in zip(buf, g, strict=True)]
+        want = [a - lr * (gi + mu * b) for a, gi, b in zip(anchor, g, buf, strict=True)]
+        for w, got in zip(want, s0["after"], strict=True):
+            torch.testing.assert_close(got, w, rtol=1e-6, atol=1e-7)
+        anchor = s0["after"]
+
+
+# --- 2-rank torchrun runs of the trainer --------------------------------------------------------------
+
+STEPS = 16
+ARGS = ["--steps", STEPS, *TINY, "--grad-accum", "2", "--lr", "3e-3", "--sync-every", "4",
+        "--allow-local-sgd", "--ckpt-every", "6", "--ckpt-keep", "10"]
+
+
+@pytest.fixture(scope="module")
+def local_run(small_shards, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local") / "out"
+    r = torchrun(["--data", small_shards, "--out", out, *ARGS, "--check-every", "1"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ddplab: low-communication mode: 4 local steps per sync, then an outer SGD step" in r.stdout
+    return out
+
+
+@pytest.mark.slow
+def test_h4_syncs_every_4_steps_and_ranks_agree_after_each_sync(local_run):
+    out = local_run
+    n = param_count(GPTConfig(seq_len=32, n_layer=1, n_embd=64, n_head=1))
+    recs = [read_jsonl(out / f"metrics.rank{r}.jsonl") for r in (0, 1)]
+    for rank_recs in recs:
+        assert [x["step"] for x in rank_recs if x["synced"]] == [4, 8, 12, 16]
+        assert [x["allreduce_bytes"] for x in rank_recs] == [n * 4 if x["synced"] else 0 for x in rank_recs]
+        assert all(x["sync_ms"] > 0 for x in rank_recs if x["synced"])
+    assert [x["loss"] for x in recs[0]] != [x["loss"] for x in recs[1]]  # each rank its own data
+    # --check-every 1 compared the checksum after every sync (a mismatch exits 3); the final one agrees
+    s = json.loads((out / "summary.json").read_text())
+    assert s["byte_equivalent"] is True and s["sync_every"] == 4
+    ls = s["local_sgd"]
+    assert (ls["sync_every"], ls["outer_lr"], ls["outer_momentum"], ls["syncs"]) == (4, 0.7, 0.9, 4)
+    assert ls["bytes_per_sync"] == n * 4 and ls["comm_bytes_per_step"] == n * 4 / 4
+    assert s["allreduce_bytes_per_step"] == n  # the mean per step: a quarter of the parameters' bytes
+    # --ckpt-every 6 is not a sync step: its checkpoints moved to the next syncs (8 and 12) and the end
+    assert sorted(p.name for p in (out / "ckpt").glob("*.pt")) == [
+        "step_000008.pt", "step_000012.pt", "step_000016.pt"]
+
+
+@pytest.mark.slow
+def test_resume_right_after_a_sync_continues_exactly(local_run, small_shards, tmp_path):
+    ref = local_run
+    out = tmp_path / "out"
+    (out / "ckpt").mkdir(parents=True)
+    for f in ("step_000008.pt", "step_000008.pt.sha256"):  # the run as it stood after step 8
+        shutil.copy(ref / "ckpt" / f, out / "ckpt" / f)
+    r = torchrun(["--data", small_shards, "--out", out, *ARGS, "--check-every", "1", "--resume"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout and "step 8" in r.stdout
+    for rank in (0, 1):  # per-rank losses depend on each rank's inner AdamW state and the outer momentum
+        want = [(x["step"], x["loss"]) for x in read_jsonl(ref / f"metrics.rank{rank}.jsonl")
+                if x["step"] > 8]
+        got = [(x["step"], x["loss"]) for x in read_jsonl(out / f"metrics.rank{rank}.jsonl")]
+        assert got == want
+    s_ref, s = (json.loads((d / "summary.json").read_text()) for d in (ref, out))
+    assert s["final_param_sha256"] == s_ref["final_param_sha256"]
+
+
+@pytest.mark.slow
+def test_plain_averaging_trains_under_torchrun(small_shards, tmp_path):
+    out = tmp_path / "out"
+    r = torchrun(["--data", small_shards, "--out", out, "--steps", 6, *TINY, "--sync-every", "4",
+                  "--allow-local-sgd", "--outer-lr", "1", "--outer-momentum", "0", "--check-every", "1"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["byte_equivalent"] is True
+    assert (s["local_sgd"]["outer_optimizer"], s["local_sgd"]["syncs"]) == ("none (parameter averaging)", 2)

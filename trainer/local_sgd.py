@@ -1,0 +1,131 @@
+"""Low-communication mode (`--sync-every H > 1`): local SGD / DiLoCo on top of the DDP loop.
+
+Every rank takes H inner optimizer steps on its own data with no gradient all-reduce (train.py runs
+every micro-step under DDP's `no_sync()`, so DDP's reducer and the comm hook stay idle), then the
+ranks synchronize once:
+
+- `--outer-lr 1 --outer-momentum 0`: plain local SGD, the ranks' parameters are averaged;
+- otherwise DiLoCo (Douillard et al. 2023): the outer gradient is the mean over ranks of
+  (parameters at the last sync - this rank's parameters now), and an outer Nesterov SGD
+  (`torch.optim.SGD(nesterov=True)`, lr `--outer-lr`, momentum `--outer-momentum`) steps the
+  synchronized parameters with it. Every rank holds the same outer state and applies the same
+  all-reduced gradient, so parameters are bit-identical after every sync (checked by agreement.py).
+
+The all-reduce is torch's own `model_averaging.utils.average_parameters` (flatten, divide by the world
+size, one all-reduce, unflatten), on the parameters themselves for plain averaging (exactly what
+torch's `PeriodicModelAverager` does) or on the parameter deltas for DiLoCo. Not used, and why:
+`PeriodicModelAverager` only averages parameters (no outer optimizer) and keeps its own step counter
+that would need checkpointing; the post-local-SGD comm hook needs DDP's one hook slot (held by
+trainer/comm.py) and still all-reduces gradients every step within per-node subgroups.
+
+Inner optimizer states (AdamW moments) stay per rank, as in DiLoCo; checkpoints keep every rank's.
+The last step of a run always synchronizes, so the final checkpoint and checksum follow a sync.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+from trainer.metrics import percentile
+
+
+def crossed(every: int, prev: int, done: int) -> bool:
+    """A multiple of `every` lies in (prev, done]: a check or checkpoint due since the last sync is done
+    now (with a sync every step, prev = done - 1 and this is `done % every == 0`). every 0: never."""
+    return every > 0 and done // every > prev // every
+
+
+class LocalSGD:
+    """The outer loop of local SGD / DiLoCo over `params` (the bare model's parameters, in order)."""
+
+    def __init__(self, params, sync_every: int, steps: int, outer_lr: float, outer_momentum: float,
+                 process_group=None):
+        self.params = [p for p in params]
+        self.sync_every, self.steps = sync_every, steps
+        self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
+        self.group = process_group
+        self.plain = outer_lr == 1.0 and outer_momentum == 0.0
+        self.numel = sum(p.numel() for p in self.params)
+        self.anchor: list[torch.Tensor] = []
+        self.outer = None
+        if not self.plain:
+            # the synchronized parameters; the outer optimizer steps these, then they are copied back
+            self.anchor = [p.detach().clone() for p in self.params]
+            self.outer = torch.optim.SGD(self.anchor, lr=outer_lr, momentum=outer_momentum,
+                                         nesterov=outer_momentum > 0)
+
+    @torch.no_grad()
+    def reset_anchor(self) -> None:
+        """The current parameters are the synchronized ones (after DDP's broadcast or a resume)."""
+        if self.plain:  # plain averaging keeps no anchor
+            return
+        for a, p in zip(self.anchor, self.params, strict=True):
+            a.copy_(p)
+
+    def due(self, done: int) -> bool:
+        """Steps done so far (1-based) end with a sync: every H-th step and the run's last step."""
+        return done % self.sync_every == 0 or done == self.steps
+
+    @property
+    def bytes_per_sync(self) -> int:
+        return self.numel * self.params[0].element_size()
+
+    @torch.no_grad()
+    def sync(self) -> dict:
+        """All ranks: average (plain) or outer-step (DiLoCo). Returns the all-reduce's ms and bytes."""
+        world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        if self.plain:
+            t0 = time.perf_counter()
+            if world > 1:
+                average_parameters(iter(self.params), self.group)
+            ms = (time.perf_counter() - t0) * 1e3
+        else:
+            deltas = [a - p for a, p in zip(self.anchor, self.params, strict=True)]  # outer gradient
+            t0 = time.perf_counter()
+            if world > 1:
+                average_parameters(iter(deltas), self.group)  # rebinds each delta's .data to the mean
+            ms = (time.perf_counter() - t0) * 1e3
+            for a, d in zip(self.anchor, deltas, strict=True):
+                a.grad = d
+            self.outer.step()
+            self.outer.zero_grad(set_to_none=True)
+            for p, a in zip(self.params, self.anchor, strict=True):
+                p.copy_(a)
+        return {"sync_ms": ms, "sync_bytes": self.bytes_per_sync if world > 1 else 0}
+
+    def state_dict(self) -> dict:
+        """The outer optimizer's state (the anchor equals the parameters right after a sync)."""
+        return {"outer": self.outer.state_dict() if self.outer is not None else None}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """After the model's parameters were loaded from a checkpoint written right after a sync."""
+        if self.outer is not None:
+            self.reset_anchor()
+            if state.get("outer") is None:
+                raise ValueError("the checkpoint has no outer optimizer state (written with plain averaging)")
+            self.outer.load_state_dict(state["outer"])
+
+    def summary(self, records: list[dict]) -> dict:
+        synced = [r for r in records if r.get("synced")]
+        total = sum(r["allreduce_bytes"] for r in records)
+        return {"sync_every": self.sync_every, "outer_lr": self.outer_lr,
+                "outer_momentum": self.outer_momentum,
+                "outer_optimizer": "none (parameter averaging)" if self.plain else
+                "SGD" + (" nesterov" if self.outer_momentum > 0 else ""),
+                "syncs": len(synced), "bytes_per_sync": self.bytes_per_sync,
+                "comm_bytes_per_step": total / len(records) if records else None,
+                "sync_ms_p50": percentile([r["sync_ms"] for r in synced], 50)}
+
+
+def gather_to_main(obj):
+    """Every rank's `obj` on rank 0 (a list in rank order), None elsewhere; [obj] on one process."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
