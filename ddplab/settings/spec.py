@@ -198,6 +198,7 @@ BY_NAME = {s.name: s for s in SETTINGS}
 INTERNAL = frozenset({
     "ddplab_lab", "ddplab_run", "ddplab_run_dir", "ddplab_control_run_dir", "ddplab_master_host",
     "ddplab_master_addr", "ddplab_node_addr", "ddplab_world_size", "ddplab_all_local", "ddplab_home",
+    "ddplab_home_dir",
     "ddplab_last_run", "ddplab_run_id_mode", "ddplab_root_abs", "ddplab_rank_cwd",
     # roles/ddplab/tasks/facts.yml (facts and the task vars that build them) and the --limit plays
     "ddplab_addrs", "ddplab_byo", "ddplab_master_home", "ddplab_master_lab", "ddplab_master_name",
