@@ -171,6 +171,9 @@ def test_cleanup_removes_exactly_ddplabs_rules(stock, prepared):
     assert clean.returncode == 0, tail(clean)
     assert ufw_added(c, "node0") == ["ufw limit 22/tcp"]
     assert ufw_active(c, "node0") == was_active  # on/off state untouched
+    # The later tests start from the stock state (ufw inactive): an active `limit 22/tcp` rejects the 6th
+    # new SSH connection from one address within 30 s, and their checks open one per command.
+    c.exec("node0", ["ufw", "--force", "disable"], timeout=60, check=True)
 
 
 # ---------------------------------------------------------------- sudo's password: prompt and vault
