@@ -300,8 +300,10 @@ def test_a_live_run_survives_prepare_unless_replace_is_asked(stock, prepared):
 def test_root_listener_on_the_master_port_is_named_not_killed(stock, prepared):
     assert prepared[0].returncode == 0, tail(prepared[0])
     c = stock["cluster"]
-    listener = ("import socket,time; s=socket.socket(); s.bind(('0.0.0.0',29500)); s.listen(); "
-                "time.sleep(3600)")
+    # SO_REUSEADDR: the live-run test's master left connections in TIME_WAIT on this port
+    listener = ("import socket,time; s=socket.socket(); "
+                "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                "s.bind(('0.0.0.0',29500)); s.listen(); time.sleep(3600)")
     squatter = c.exec("node0", ["sh", "-c", f"setsid python3 -c \"{listener}\" >/dev/null 2>&1 </dev/null "
                                 "& echo $!"], timeout=30, check=True).stdout.strip()
     try:
