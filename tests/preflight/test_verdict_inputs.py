@@ -89,13 +89,21 @@ def test_check_requirements_names_the_file_and_line(tmp_path):
     assert ok.returncode == 0 and ok.stderr == ""
 
 
+def limited_bundle(*left_out):
+    """BUNDLE under a --limit that leaves out these of a (master), b and c: known from the inventory."""
+    bundle = json.loads(json.dumps(BUNDLE))
+    every = {"a": ("10.77.9.10", 0), "b": ("10.77.9.11", 1), "c": ("10.77.9.12", 2)}
+    inv = bundle["inventory"]
+    inv.update(left_out=list(left_out), master_host="a", addrs={h: every[h][0] for h in left_out},
+               ranks={h: every[h][1] for h in left_out})
+    for h in left_out:
+        inv["hosts"][h] = {}
+    return bundle
+
+
 def test_limit_rows_say_not_asked_and_the_gate_skips_the_smoke_test(tmp_path):
     """preflight.yml -l a: b and c are known from the inventory only; nothing about them FAILs or SKIPs."""
-    bundle = json.loads(json.dumps(BUNDLE))
-    inv = bundle["inventory"]
-    inv.update(left_out=["b", "c"], master_host="a", addrs={"b": "10.77.9.11", "c": "10.77.9.12"},
-               ranks={"b": 1, "c": 2})
-    inv["hosts"]["b"] = inv["hosts"]["c"] = {}
+    bundle = limited_bundle("b", "c")
     bundle["results"] = {
         "ssh": {"a": {"ping": "pong"}},
         "gather": {"a": _ran({"probe": "gather", "results": {"iface": {"ok": True, "dev": "eth0"},
@@ -122,11 +130,7 @@ def test_limit_rows_say_not_asked_and_the_gate_skips_the_smoke_test(tmp_path):
 
 def test_limit_links_with_the_left_out_nodes_are_real_rows(tmp_path):
     """preflight.yml -l b: a (the master) answered and blocks b's connects; c did not answer over SSH."""
-    bundle = json.loads(json.dumps(BUNDLE))
-    inv = bundle["inventory"]
-    inv.update(left_out=["a", "c"], master_host="a", addrs={"a": "10.77.9.10", "c": "10.77.9.12"},
-               ranks={"a": 0, "c": 2})
-    inv["hosts"]["a"] = inv["hosts"]["c"] = {}
+    bundle = limited_bundle("a", "c")
     drop = {"ok": False, "result": "timeout", "timeout_s": 3.0, "address": "10.77.9.10"}
     bundle["results"] = {
         "ssh": {"b": {"ping": "pong"}},
