@@ -10,9 +10,10 @@ Runs the same model and per-rank batch as
 probes the link with `python -m nodeprobe gloo-smoke` on every node, and writes into runs/bench-<id>/:
 raw/ (each node's trainer out dir), probe/, meta.json, then report.md, report.json, scaling.png and
 loss.png (bench/scaling_report.py; rebuild with `python bench/scaling_report.py runs/bench-<id>`), and
-copies the report to bench/results/scaling_lab/. Each run is attempted --repeat times in rounds (every
-configuration once per round) and its fastest attempt is kept: other work on the machine shares the
-cores, and the least disturbed attempt is the closest to the machine's real speed.
+copies the report to bench/results/scaling_lab/. Every configuration runs once per round, --repeat
+rounds (3 by default), interleaved; every round is kept, and the report gives medians with min-max and
+takes each ratio within a round (bench/scaling_report.py): other work on the machine shares the cores,
+and the spread says how much it moved the figures.
 
 Launch (--via): `exec` (default) starts one torchrun per host with simlan's exec (nsenter), with the
 flags the launch role would render; `ansible` runs the N-node runs through the orchestrator
@@ -25,6 +26,7 @@ the same shape is reused and left up). Needs root (simlan).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -45,22 +47,22 @@ SIZES = {
     # ~10M parameters (nanoGPT's shakespeare-char shape)
     "small": {"model": ["--depth", "6", "--n-embd", "384", "--n-head", "6", "--seq-len", "128",
                         "--batch-size", "8", "--auto-trial-steps", "3"], "steps": 20, "warmup": 2,
-              "comms": ["fp32", "bf16", "fp16", "powersgd", "auto"], "repeat": 2},
+              "comms": ["fp32", "bf16", "fp16", "powersgd", "auto"], "repeat": 3},
     # the same model with 4x the tokens per step (4,096 per rank): the all-reduce is the same 43 MB, the
     # compute 4x longer; shows how the answer to "is a second machine worth it" depends on the batch
     "small-b32": {"model": ["--depth", "6", "--n-embd", "384", "--n-head", "6", "--seq-len", "128",
                             "--batch-size", "32", "--auto-trial-steps", "2"], "steps": 10, "warmup": 2,
-                  "comms": ["fp32", "auto"], "auto_steps": 16, "repeat": 2},
+                  "comms": ["fp32", "auto"], "auto_steps": 16, "repeat": 3},
     # the field notes' 126M-like d8 shape: depth 8, width 1152 (128M parameters, 512 MB of fp32 gradients)
     "large": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
                         "--batch-size", "4", "--lr", "1e-3", "--auto-trial-steps", "2"],
               "steps": 6, "warmup": 1,
-              "comms": ["fp32", "auto"], "auto_steps": 12, "repeat": 1},
+              "comms": ["fp32", "auto"], "auto_steps": 12, "repeat": 3},
     # the same model with one sequence per rank: a step's compute (~2.5 s on one core here) is shorter than
     # its fp32 all-reduce at 1 Gbit/s (512 MB: >= 4.1 s), the communication-bound case of the field notes
     "large-b1": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
                            "--batch-size", "1", "--lr", "1e-3", "--auto-trial-steps", "2"],
-                 "steps": 6, "warmup": 1, "comms": ["fp32", "auto"], "auto_steps": 12, "repeat": 1},
+                 "steps": 6, "warmup": 1, "comms": ["fp32", "auto"], "auto_steps": 12, "repeat": 3},
 }
 COMMON = ["--threads", "1", "--log-every", "1", "--powersgd-start-step", "2", "--pg-timeout-s", "600",
           "--check-every", "0"]
@@ -107,7 +109,17 @@ def rate_bps(rate: str | None) -> float | None:
 
 
 def machine_info() -> dict:
-    info = {"logical_cpus": os.cpu_count(), "physical_cores": None, "load_before": None}
+    from importlib.metadata import PackageNotFoundError, version
+
+    info = {"logical_cpus": os.cpu_count(), "physical_cores": None, "load_before": None, "cpu": None,
+            "torch": None}
+    with contextlib.suppress(PackageNotFoundError):
+        info["torch"] = version("torch")
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
     try:
         out = subprocess.run(["lscpu", "-p=CORE,SOCKET"], capture_output=True, text=True, timeout=10).stdout
         info["physical_cores"] = len({ln for ln in out.splitlines() if ln and not ln.startswith("#")})
@@ -174,15 +186,11 @@ class Lab:
 
     def trainer_run(self, size: str, label: str, nodes: int, per_node: int, comm: str, steps: int,
                     attempt: int = 0):
-        """One run into raw/<size>/<label>.try<attempt>/; kept as raw/<size>/<label>/ when it is the fastest
-        attempt so far (other engineers' work shares the cores: the best attempt is the least disturbed)."""
+        """One run into raw/<size>/<label>/round<attempt>/ (every round is kept; the report summarizes)."""
         if self.args.runs and label not in self.args.runs:
             return
         spec = SIZES[size]
-        kept = self.bench / "raw" / size / label
-        if (kept / "run.json").exists():  # a later invocation with the same --id adds attempts
-            attempt = max(attempt, len(json.loads((kept / "run.json").read_text()).get("attempts", [])))
-        rdir = kept.with_name(f"{label}.try{attempt}")
+        rdir = self.bench / "raw" / size / label / f"round{attempt}"
         if rdir.exists():
             shutil.rmtree(rdir)
         rdir.mkdir(parents=True)
@@ -228,24 +236,11 @@ class Lab:
             self.run_nodes(argv, names, rdir / "logs")
         run.update(wall_s=round(time.monotonic() - t0, 1), load_after=load())
         s = json.loads((rdir / run.get("rank0_dir", "node0") / "summary.json").read_text())
-        this = {"attempt": attempt, "tokens_per_sec": s["tokens_per_sec"], "load_before": run["load_before"],
-                "load_after": run["load_after"], "wall_s": run["wall_s"]}
-        before = json.loads((kept / "run.json").read_text()) if (kept / "run.json").exists() else None
-        run["attempts"] = (before["attempts"] if before else []) + [this]
-        best = before is None or s["tokens_per_sec"] > max(a["tokens_per_sec"] for a in before["attempts"])
-        if best:
-            run["kept_attempt"] = attempt
-            (rdir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
-            if kept.exists():
-                shutil.rmtree(kept)
-            rdir.rename(kept)
-        else:
-            before["attempts"] = run["attempts"]
-            (kept / "run.json").write_text(json.dumps(before, indent=2) + "\n")
-            shutil.rmtree(rdir)
+        run["round"] = attempt
+        (rdir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
         print(f"    -> {s['tokens_per_sec']:.1f} tok/s, step p50 {s['step_ms_p50']:.0f} ms, all-reduce p50 "
-              f"{s['allreduce_ms_p50']:.0f} ms, comm {s.get('comm_chosen')}, {run['wall_s']} s"
-              f"{' (kept)' if best else ' (slower than an earlier attempt)'}", flush=True)
+              f"{s['allreduce_ms_p50']:.0f} ms, comm {s.get('comm_chosen')}, {run['wall_s']} s "
+              f"(round {attempt})", flush=True)
 
     def ansible_run(self, base: list[str], rdir: Path, run_id: str, steps: int):
         """One N-node run through the orchestrator (prepare, preflight, start, wait, collect), its
@@ -362,8 +357,8 @@ def main(argv=None) -> int:
     ap.add_argument("--comms", default=None, help="comma list of --comm options for the N-node runs "
                     "(default: per size)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: per size)")
-    ap.add_argument("--repeat", type=int, default=None, help="attempts per run, the fastest is kept "
-                    "(default: per size)")
+    ap.add_argument("--repeat", type=int, default=None, help="rounds (every configuration once per round; "
+                    "default: per size, 3)")
     ap.add_argument("--probe-mb", type=float, default=64.0, help="all-reduce size of the link probe")
     ap.add_argument("--id", default=time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--runs", default=None, help="comma list of run labels to do (e.g. 1x1,2x1-auto); "

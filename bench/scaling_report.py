@@ -5,9 +5,10 @@
 Input (written by bench/scaling_lab.py), under the bench folder:
     meta.json                            rate, nodes, machine (cores, physical cores, load), via
     probe/gloo_smoke.rank{R}.json        `python -m nodeprobe gloo-smoke` output of each node
-    raw/<size>/<label>/run.json          nodes, ranks_per_node, comm, where, cores_per_node, load
-    raw/<size>/<label>/<node>/           the trainer's out dir of each node: config.json and
+    raw/<size>/<label>/round<K>/run.json nodes, ranks_per_node, comm, where, cores_per_node, load
+    raw/<size>/<label>/round<K>/<node>/  the trainer's out dir of each node: config.json and
                                          summary.json (rank 0), metrics.rank{R}.jsonl
+    (a label folder holding run.json itself, the older layout, is one round)
 Output: report.md, report.json, scaling.png, loss.png.
 
 Every number of a run comes from rank 0's metrics JSONL (as the trainer's own summary does), over the
@@ -21,8 +22,11 @@ timed steps: the steps after max(--timing-warmup-steps, the auto trial). A step'
   link (nodes > 1). The trainer's all-reduce time runs from the first bucket's launch to the last
   bucket's result, so it includes the gaps while backward produces the next bucket.
 - alpha = sum(all-reduce ms) / sum(compute ms) of the N-node fp32 run; predicted speedup N / (1 + alpha(N-1)).
-- A run that was attempted several times (bench/scaling_lab.py --repeat) is its fastest attempt; the
-  tokens/s of every attempt are listed beside it.
+- Rounds (bench/scaling_lab.py --repeat): every configuration runs once per round, interleaved. Each
+  figure of a row is the median over the rounds, with min and max beside tokens/s, speedup and
+  efficiency; a ratio (speedup, efficiency, auto vs fp32, headroom) is taken within each round (against
+  that round's 1-node run) and then summarized, so a slow spell of the machine that hits one round
+  does not make a ratio of two different rounds. A round without its 1x1 run gives no ratios.
 """
 
 from __future__ import annotations
@@ -44,22 +48,26 @@ def _read_json(path: Path, default=None):
 
 # --- collection: files -> plain data -------------------------------------------------------------------
 def collect(bench: Path) -> dict:
-    """Everything the report needs, read from the bench folder (no computation)."""
+    """Everything the report needs, read from the bench folder (no computation). Each run carries its
+    label and round."""
     bench = Path(bench)
     data = {"meta": _read_json(bench / "meta.json", {}), "probe": [], "sizes": {}}
     for p in sorted((bench / "probe").glob("gloo_smoke.rank*.json")):
         data["probe"].append(_read_json(p))
     for size_dir in sorted(p for p in (bench / "raw").glob("*") if p.is_dir()):
         runs = []
-        kept = [p for p in size_dir.iterdir() if (p / "run.json").exists() and ".try" not in p.name]
-        for run_dir in sorted(kept):
-            run = _read_json(run_dir / "run.json")
-            node0 = run_dir / run.get("rank0_dir", "node0")
-            run.update(label=run_dir.name, config=_read_json(node0 / "config.json", {}),
-                       summary=_read_json(node0 / "summary.json", {}),
-                       metrics=read_jsonl(node0 / "metrics.rank0.jsonl") if (node0 / "metrics.rank0.jsonl")
-                       .exists() else [])
-            runs.append(run)
+        for label_dir in sorted(p for p in size_dir.iterdir() if p.is_dir() and ".try" not in p.name):
+            rounds = [(0, label_dir)] if (label_dir / "run.json").exists() else sorted(
+                (int(p.name[5:]), p) for p in label_dir.glob("round*")
+                if p.name[5:].isdigit() and (p / "run.json").exists())
+            for k, run_dir in rounds:
+                run = _read_json(run_dir / "run.json")
+                node0 = run_dir / run.get("rank0_dir", "node0")
+                metrics = node0 / "metrics.rank0.jsonl"
+                run.update(label=label_dir.name, round=k, config=_read_json(node0 / "config.json", {}),
+                           summary=_read_json(node0 / "summary.json", {}),
+                           metrics=read_jsonl(metrics) if metrics.exists() else [])
+                runs.append(run)
         data["sizes"][size_dir.name] = runs
     return data
 
@@ -94,7 +102,6 @@ def run_row(run: dict, base_tps: float | None, rate_bps: float | None) -> dict:
         "busbw_gbit_s": None, "limit_ms": None, "link_pct": None,
         "loss_last": recs[-1]["loss"], "threads": run["config"].get("threads_resolved"),
         "cores_per_node": run.get("cores_per_node"), "load_before": run.get("load_before"),
-        "attempts_tokens_per_sec": [a["tokens_per_sec"] for a in run.get("attempts", [])],
     }
     if ranks > 1 and med["allreduce_ms"] > 0:
         bus_bytes = 2 * (ranks - 1) / ranks * nbytes
@@ -136,6 +143,32 @@ def probe_summary(probe: list[dict], rate_bps: float | None) -> dict | None:
     return out
 
 
+# the fields of a row summarized as median [min, max] over the rounds (the rest: median only)
+SPREAD = ("tokens_per_sec", "speedup", "efficiency")
+
+
+def spread(values: list) -> dict | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def summarize(round_rows: list[dict]) -> dict:
+    """One row from the same configuration's rows of several rounds: numbers become their median over the
+    rounds (SPREAD fields also get `<field>_min`/`_max`), texts and settings come from the first round."""
+    row = dict(round_rows[0])
+    row["rounds"] = len(round_rows)
+    for key, first in round_rows[0].items():
+        if isinstance(first, (int, float)) and not isinstance(first, bool) or first is None:
+            s = spread([r.get(key) for r in round_rows])
+            row[key] = None if s is None else s["median"]
+            if key in SPREAD:
+                row[f"{key}_min"], row[f"{key}_max"] = (None, None) if s is None else (s["min"], s["max"])
+    row["load_before"] = [r.get("load_before") for r in round_rows]
+    return row
+
+
 def build(data: dict) -> dict:
     meta = data["meta"]
     rate_bps = meta.get("rate_bps")
@@ -146,21 +179,34 @@ def build(data: dict) -> dict:
               "sizes": {}, "notes": []}
     for size, runs in data["sizes"].items():
         runs = [r for r in runs if r["metrics"]]
-        base = next((r for r in runs if r["nodes"] == 1 and r["ranks_per_node"] == 1), None)
-        base_tps = run_row(base, None, rate_bps)["tokens_per_sec"] if base else None
-        rows = [run_row(r, base_tps, rate_bps) for r in runs]
+        per_round: dict[int, dict[str, dict]] = {}
+        for k in sorted({r["round"] for r in runs}):
+            here = [r for r in runs if r["round"] == k]
+            base = next((r for r in here if r["nodes"] == 1 and r["ranks_per_node"] == 1), None)
+            base_tps = run_row(base, None, rate_bps)["tokens_per_sec"] if base else None
+            per_round[k] = {r["label"]: run_row(r, base_tps, rate_bps) for r in here}
+        labels = list(dict.fromkeys(r["label"] for r in sorted(runs, key=lambda r: r["label"])))
+        rows = [summarize([rr[label] for rr in per_round.values() if label in rr]) for label in labels]
         multi = [r for r in rows if r["nodes"] > 1 and r["comm"] == "fp32"]
         alpha = multi[0]["alpha"] if multi else None
         params = next((r["summary"].get("params") for r in runs if r["summary"].get("params")), None)
         auto = next((r for r in rows if r["nodes"] > 1 and r["comm"] == "auto"), None)
-        entry = {"params": params, "rows": rows, "alpha": alpha,
+
+        def within_rounds(num, den, field, per_round=per_round):
+            """num/den of `field` per round (both labels present), summarized over the rounds."""
+            return spread([rr[num][field] / rr[den][field] for rr in per_round.values()
+                           if num in rr and den in rr and rr[den][field]])
+
+        first = {r["label"]: r for r in runs if r["round"] == min(x["round"] for x in runs)}
+        entry = {"params": params, "rows": rows, "alpha": alpha, "rounds": len(per_round),
                  "model": {k: runs[0]["config"].get(k) for k in ("depth", "n_embd", "n_head", "seq_len",
                                                                    "batch_size")} if runs else {},
-                 "auto_vs_fp32": (auto["tokens_per_sec"] / multi[0]["tokens_per_sec"]
-                                  if auto and multi else None),
-                 "auto_choice": auto["comm_chosen"] if auto else None,
-                 "loss_curves": {f"{r['label']}": [(m["step"], m["loss"]) for m in r["metrics"]]
-                                 for r in runs if r["nodes"] > 1}}
+                 "auto_vs_fp32": None, "auto_choice": auto["comm_chosen"] if auto else None,
+                 "loss_curves": {label: [(m["step"], m["loss"]) for m in r["metrics"]]
+                                 for label, r in first.items() if r["nodes"] > 1}}
+        if auto and multi:
+            s = within_rounds(auto["label"], multi[0]["label"], "tokens_per_sec")
+            entry["auto_vs_fp32_spread"], entry["auto_vs_fp32"] = s, s["median"] if s else None
         trial = next((r["summary"].get("comm_auto") for r in runs
                       if r["nodes"] > 1 and r.get("comm") == "auto" and r["summary"].get("comm_auto")), None)
         if trial:  # auto's own side-by-side steps: one run, adjacent steps, so less exposed to load drift
@@ -168,24 +214,26 @@ def build(data: dict) -> dict:
                                    "options": {c: {k: o.get(k) for k in ("tokens_per_sec", "step_ms",
                                                                          "alpha")}
                                                for c, o in trial["options"].items()}}
-        loads = [r["load_before"][0] for r in rows if r.get("load_before")]
+        loads = [r["load_before"][0] for r in runs if r.get("load_before")]
         cpus = machine.get("logical_cpus")
         # the bench's own ranks keep the load near the CPU count; beyond that (or a wide spread) others ran
         if loads and cpus and (max(loads) > cpus * 1.25 or max(loads) - min(loads) > 1.5):
             report["notes"].append(
                 f"{size}: the machine was busy with other work (1-min load {min(loads):.1f} to "
-                f"{max(loads):.1f} on {cpus} CPUs before the runs): runs that ran under different load are "
-                f"compared, so speedups and efficiencies above 1 per rank are load artifacts, not scaling")
+                f"{max(loads):.1f} on {cpus} CPUs before the runs): the spread of the rounds shows how much "
+                f"that moved the figures")
         solo = next((r for r in rows if r["nodes"] == 1 and r["ranks_per_node"] == 1), None)
         if multi and solo:
             # the most any --comm option can gain over fp32: a step cannot be shorter than one rank's solo
             # step (communication that cost nothing, on a core that computes as fast as alone)
-            entry["comm_headroom"] = multi[0]["step_ms"] / solo["step_ms"]
+            hr = within_rounds(multi[0]["label"], solo["label"], "step_ms")
+            entry["comm_headroom"] = hr["median"] if hr else None
         if alpha is not None:
-            entry["predicted_speedup"] = {n: n / (1 + alpha * (n - 1)) for n in range(1, max(4, meta.get(
-                "nodes", 2)) + 1)}
+            # only at the node counts measured: no curve past what was measured
+            measured = sorted({r["nodes"] for r in rows if r["ranks_per_node"] == 1})
+            entry["predicted_speedup"] = {n: n / (1 + alpha * (n - 1)) for n in measured}
         report["sizes"][size] = entry
-        for r in runs:
+        for r in first.values():
             report["notes"] += thread_notes(r, machine)
     return report
 
@@ -195,14 +243,21 @@ def _f(x, fmt=".1f", none="-"):
     return none if x is None else format(x, fmt)
 
 
+def _range(row: dict, key: str) -> str:
+    if row.get(key) is None:
+        return "-"
+    return f"{row[key]:.2f} [{row[key + '_min']:.2f}-{row[key + '_max']:.2f}]"
+
+
 def markdown(rep: dict) -> str:
     m = rep["machine"]
     lines = [f"# Scaling lab {rep['id']}", "",
              f"Link: {rep['rate'] or 'unshaped'} between {rep['nodes']} simulated nodes (one core each), "
-             f"launched via {rep['via']}. Machine: {m.get('logical_cpus')} CPUs ({m.get('physical_cores')} "
-             f"physical cores). Other work on the machine shares the cores: the load average (1, 5, 15 "
-             f"min) before each kept run is in the table; the bench started at {m.get('load_before')} and "
-             f"ended at {m.get('load_after')}.", ""]
+             f"launched via {rep['via']}. Machine: {m.get('cpu') or 'CPU model unknown'}, "
+             f"{m.get('logical_cpus')} CPUs ({m.get('physical_cores')} physical cores), torch "
+             f"{m.get('torch') or '?'}. Other work on the machine shares the cores: the load average "
+             f"(1, 5, 15 min) before each round is in the table; the bench started at "
+             f"{m.get('load_before')} and ended at {m.get('load_after')}.", ""]
     p = rep["probe"]
     if p and p.get("busbw_gbit_s"):
         lines += [f"Link probe (`nodeprobe gloo-smoke`, {p['world']} ranks, {p['bytes'] / 2**20:.0f} MiB "
@@ -212,31 +267,32 @@ def markdown(rep: dict) -> str:
                   f"**{_f(p.get('link_pct'))} % of the link limit**.", ""]
     elif p:
         lines += [f"Link probe failed: {p.get('error')}", ""]
-    head = ("| run | comm | tok/s | speedup | efficiency | step ms | compute ms | all-reduce ms | exposed ms "
-            "(% of step) | MB/step | bus Gbit/s | limit ms | % of link | alpha | loss | tok/s per attempt "
-            "| load |")
+    head = ("| run | comm | rounds | tok/s [min-max] | speedup [min-max] | efficiency [min-max] | step ms "
+            "| compute ms | all-reduce ms | exposed ms (% of step) | MB/step | bus Gbit/s | limit ms "
+            "| % of link | alpha | loss | load before each round |")
     for size, e in rep["sizes"].items():
         md = e["model"]
         title = (f"## {size}: {e['params']:,} parameters (depth {md.get('depth')}, width "
                  f"{md.get('n_embd')}, seq {md.get('seq_len')}, batch {md.get('batch_size')} per rank)"
                  if e["params"] else f"## {size}")
-        lines += [title, "", head, "|" + "---|" * 17]
+        lines += [title, "", f"Medians of {e['rounds']} interleaved round(s); ratios taken within each "
+                  "round.", "", head, "|" + "---|" * 17]
         for r in e["rows"]:
             comm = r["comm"] + (f" -> {r['comm_chosen']}" if r["comm"] == "auto" else "")
+            loads = ", ".join("/".join(f"{x:.1f}" for x in lb or []) for lb in r["load_before"])
             lines.append(
-                f"| {r['label']} | {comm} | {r['tokens_per_sec']:.1f} | {_f(r['speedup'], '.2f')} | "
-                f"{_f(r['efficiency'], '.2f')} | {r['step_ms']:.0f} | {r['compute_ms']:.0f} | "
+                f"| {r['label']} | {comm} | {r['rounds']} | {r['tokens_per_sec']:.1f} "
+                f"[{r['tokens_per_sec_min']:.0f}-{r['tokens_per_sec_max']:.0f}] | {_range(r, 'speedup')} | "
+                f"{_range(r, 'efficiency')} | {r['step_ms']:.0f} | {r['compute_ms']:.0f} | "
                 f"{r['allreduce_ms']:.0f} | {r['exposed_ms']:.0f} ({r['exposed_pct']:.0f} %) | "
                 f"{r['allreduce_bytes'] / 1e6:.1f} | {_f(r['busbw_gbit_s'], '.3f')} | "
                 f"{_f(r['limit_ms'], '.0f')} | "
-                f"{_f(r['link_pct'])} | {_f(r['alpha'], '.3f')} | {r['loss_last']:.3f} | "
-                f"{', '.join(f'{t:.0f}' for t in r['attempts_tokens_per_sec'])} | "
-                f"{'/'.join(f'{x:.1f}' for x in r['load_before'] or [])} |")
+                f"{_f(r['link_pct'])} | {_f(r['alpha'], '.3f')} | {r['loss_last']:.3f} | {loads} |")
         lines.append("")
         if e["alpha"] is not None:
             pred = ", ".join(f"{n}: {s:.2f}" for n, s in e["predicted_speedup"].items())
-            lines += [f"alpha (fp32, {rep['nodes']} nodes) = {e['alpha']:.3f}; predicted speedup "
-                      f"N/(1+alpha(N-1)): {pred}.", ""]
+            lines += [f"alpha (fp32, {rep['nodes']} nodes) = {e['alpha']:.3f}; N/(1+alpha(N-1)) at the "
+                      f"measured node counts: {pred}.", ""]
         if e.get("auto_trial"):
             t = e["auto_trial"]
             opts = ", ".join(f"{c} {o['tokens_per_sec']:.1f} tok/s (alpha {o['alpha']})"
@@ -244,8 +300,10 @@ def markdown(rep: dict) -> str:
             lines += [f"`--comm auto` trial (adjacent steps of one run): {opts} -> {t['choice']}, "
                       f"{t['speedup_vs_fp32']:.2f}x fp32.", ""]
         if e["auto_vs_fp32"] is not None:
-            lines += [f"`--comm auto` chose {e['auto_choice']}: {e['auto_vs_fp32']:.2f}x the tokens/s of "
-                      f"fp32 on {rep['nodes']} nodes (steady state, trial steps left out).", ""]
+            s = e["auto_vs_fp32_spread"]
+            lines += [f"`--comm auto` chose {e['auto_choice']}: {e['auto_vs_fp32']:.2f}x [{s['min']:.2f}-"
+                      f"{s['max']:.2f}] the tokens/s of fp32 on {rep['nodes']} nodes (steady state, trial "
+                      f"steps left out; within each round, {s['n']} round(s)).", ""]
         if e.get("comm_headroom") is not None:
             lines += [f"Headroom: the {rep['nodes']}x1 fp32 step is {e['comm_headroom']:.2f}x the 1x1 step, "
                       f"so no way of sending gradients can make a step more than {e['comm_headroom']:.2f}x "
@@ -263,31 +321,33 @@ def plots(rep: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    nmax = max([4] + [max(e.get("predicted_speedup", {1: 1})) for e in rep["sizes"].values()])
-    ax.plot([1, nmax], [1, nmax], "k--", lw=1, label="ideal")
-    for i, (size, e) in enumerate(rep["sizes"].items()):
-        col = f"C{i}"
-        pts = sorted((r["nodes"], r["speedup"]) for r in e["rows"]
-                     if r["ranks_per_node"] == 1 and r["comm"] == "fp32" and r["speedup"])
-        if pts:
-            ax.plot(*zip(*pts, strict=True), "o-", color=col, label=f"{size}: measured (fp32)")
-        for r in e["rows"]:
-            if r["nodes"] > 1 and r["comm"] == "auto" and r["speedup"]:
-                ax.plot(r["nodes"], r["speedup"], "*", ms=12, color=col,
-                        label=f"{size}: auto ({r['comm_chosen']})")
-            if r["nodes"] == 1 and r["ranks_per_node"] > 1 and r["speedup"]:
-                ax.plot(r["ranks"], r["speedup"], "s", mfc="none", color=col,
-                        label=f"{size}: 1 node x 2 ranks")
-        if e.get("predicted_speedup"):
-            ns = sorted(e["predicted_speedup"])
-            ax.plot(ns, [e["predicted_speedup"][n] for n in ns], ":", color=col,
-                    label=f"{size}: N/(1+alpha(N-1)), alpha={e['alpha']:.2f}")
-    ax.set_xlabel("nodes (1 rank each)")
-    ax.set_ylabel("speedup in tokens/s vs 1 node")
-    ax.set_title(f"ddplab scaling at {rep['rate'] or 'unshaped'}")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
+    # one panel per model size: measured points only, median with min-max bars, and the ideal line
+    items = list(rep["sizes"].items())
+    fig, axes = plt.subplots(1, max(1, len(items)), figsize=(5 * max(1, len(items)), 4.2), squeeze=False)
+    for ax, (size, e) in zip(axes[0], items, strict=False):
+        rows = [r for r in e["rows"] if r["speedup"] is not None]
+        nmax = max([2] + [r["ranks"] for r in rows])
+        ax.plot([1, nmax], [1, nmax], "k--", lw=1, label="ideal")
+        for marker, pick, name in (
+                ("o-", lambda r: r["ranks_per_node"] == 1 and r["comm"] == "fp32", "nodes x 1 rank, fp32"),
+                ("*", lambda r: r["nodes"] > 1 and r["comm"] == "auto", "auto"),
+                ("s", lambda r: r["nodes"] == 1 and r["ranks_per_node"] > 1, "1 node x 2 ranks (loopback)")):
+            pts = sorted((r["ranks"], r["speedup"], r["speedup_min"], r["speedup_max"], r["comm_chosen"])
+                         for r in rows if pick(r))
+            if not pts:
+                continue
+            x, y, lo, hi, chosen = zip(*pts, strict=True)
+            label = name if name != "auto" else f"auto ({', '.join(sorted(set(chosen)))})"
+            ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo, strict=True)],
+                                    [b - a for a, b in zip(y, hi, strict=True)]],
+                        fmt=marker, ms=9 if marker == "*" else 6, capsize=4, label=label)
+        params = f", {e['params'] / 1e6:.1f}M params" if e.get("params") else ""
+        ax.set_title(f"{size}{params} ({e['rounds']} rounds)", fontsize=9)
+        ax.set_xlabel("ranks (nodes x ranks per node)")
+        ax.set_ylabel("speedup in tokens/s vs 1 node (median, min-max)")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"ddplab scaling at {rep['rate'] or 'unshaped'}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "scaling.png", dpi=110)
     plt.close(fig)

@@ -107,7 +107,9 @@ def test_rows_follow_from_the_jsonl(bench):
     e = rep["sizes"]["small"]
     alpha = rows["2x1-fp32"]["alpha"]
     assert e["alpha"] == alpha
-    assert e["predicted_speedup"][4] == pytest.approx(4 / (1 + 3 * alpha))
+    # only at the node counts measured (1 and 2): no curve past what was measured
+    assert set(e["predicted_speedup"]) == {1, 2}
+    assert e["predicted_speedup"][2] == pytest.approx(2 / (1 + alpha))
     auto, fp32 = rows["2x1-auto"]["tokens_per_sec"], rows["2x1-fp32"]["tokens_per_sec"]
     assert e["auto_vs_fp32"] == pytest.approx(auto / fp32)
     assert e["comm_headroom"] == pytest.approx(rows["2x1-fp32"]["step_ms"] / rows["1x1"]["step_ms"])
@@ -123,7 +125,7 @@ def test_report_files_show_the_same_numbers(bench):
     on_disk = json.loads((root / "report.json").read_text())
     md = (root / "report.md").read_text()
     for row in on_disk["sizes"]["small"]["rows"]:
-        assert f"| {row['label']} |" in md and f"| {row['tokens_per_sec']:.1f} |" in md
+        assert f"| {row['label']} |" in md and f"| {row['tokens_per_sec']:.1f} [" in md
         if row["link_pct"] is not None:
             assert f"| {row['link_pct']:.1f} |" in md
     assert f"{on_disk['probe']['link_pct']:.1f} % of the link limit" in md
@@ -143,3 +145,49 @@ def test_cli_refuses_a_folder_without_runs(tmp_path, capsys):
     assert scaling_report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ddplab: error:")
+
+
+def write_round(root: Path, label: str, k: int, nodes: int, dt_ms: float, comm: str = "fp32", steps: int = 4):
+    """One round of one configuration in the rounds layout, every step taking dt_ms: tokens/s is exact."""
+    node0 = root / "raw" / "small" / label / f"round{k}" / "node0"
+    node0.mkdir(parents=True)
+    recs = [{"step": s, "loss": 3.0, "dt_ms": dt_ms, "tokens": TOKENS * nodes, "compute_ms": dt_ms,
+             "allreduce_ms": 0.0, "exposed_ms": 0.0, "allreduce_bytes": 0} for s in range(1, steps + 1)]
+    (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": 0}))
+    (node0 / "summary.json").write_text(json.dumps({"comm_chosen": comm}))
+    (node0.parent / "run.json").write_text(json.dumps({"nodes": nodes, "ranks_per_node": 1, "comm": comm,
+                                                       "load_before": [1.0 + k, 1.0, 1.0]}))
+
+
+def test_ratios_are_taken_within_each_round_then_summarized(tmp_path):
+    # by hand: 1 node 1024 tokens per step, 2 nodes 2048.
+    #   round 0: 1x1 1000 ms -> 1024 tok/s, 2x1 1250 ms -> 1638.4 tok/s: speedup 1.6
+    #   round 1: 1x1  500 ms -> 2048 tok/s, 2x1 1600 ms -> 1280 tok/s:   speedup 0.625
+    #   round 2: 1x1  900 ms -> 1137.8,     2x1 1000 ms -> 2048 tok/s:   speedup 1.8
+    # median of the ratios 1.6 [0.625-1.8]; the ratio of the medians would be 1638.4 / 1137.8 = 1.44.
+    for k, (solo, pair) in enumerate(((1000, 1250), (500, 1600), (900, 1000))):
+        write_round(tmp_path, "1x1", k, 1, solo)
+        write_round(tmp_path, "2x1-fp32", k, 2, pair)
+    write_round(tmp_path, "2x1-auto", 0, 2, 1000, comm="auto")  # 2048 tok/s: 1.25x fp32 in round 0
+    write_round(tmp_path, "2x1-auto", 2, 2, 800, comm="auto")   # 2560 tok/s: 1.25x fp32 in round 2
+    (tmp_path / "meta.json").write_text(json.dumps({"id": "r", "nodes": 2}))
+    rep = scaling_report.build(scaling_report.collect(tmp_path))
+    e = rep["sizes"]["small"]
+    rows = {r["label"]: r for r in e["rows"]}
+    pair = rows["2x1-fp32"]
+    assert e["rounds"] == 3 and pair["rounds"] == 3
+    assert pair["speedup"] == pytest.approx(1.6)
+    assert (pair["speedup_min"], pair["speedup_max"]) == (pytest.approx(0.625), pytest.approx(1.8))
+    assert pair["efficiency"] == pytest.approx(0.8)
+    assert pair["tokens_per_sec"] == pytest.approx(1638.4)
+    assert (pair["tokens_per_sec_min"], pair["tokens_per_sec_max"]) == (pytest.approx(1280), pytest.approx(2048))
+    assert rows["1x1"]["speedup"] == pytest.approx(1.0)
+    # auto ran in rounds 0 and 2 only: its ratio to fp32 comes from those rounds, 1.25 in both
+    assert e["auto_vs_fp32"] == pytest.approx(1.25)
+    assert e["auto_vs_fp32_spread"]["n"] == 2
+    # headroom: the 2-node step over the 1-node step, per round: 1.25, 3.2, 1.111 -> median 1.25
+    assert e["comm_headroom"] == pytest.approx(1.25)
+    assert pair["load_before"] == [[1.0, 1.0, 1.0], [2.0, 1.0, 1.0], [3.0, 1.0, 1.0]]
+    md = scaling_report.markdown(rep)
+    assert "| 2x1-fp32 | fp32 | 3 | 1638.4 [1280-2048] | 1.60 [0.62-1.80] | 0.80 [0.31-0.90] |" in md
