@@ -240,4 +240,5 @@ def run(args) -> dict:
     }
     if args.data:
         out["data"] = hashing.shard_set(Path(args.data))
+    hashing.flush_cache()  # the warm child ends with os._exit: no atexit
     return out

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 CHUNK = 1 << 20
@@ -34,12 +35,81 @@ SYNC_RECORD = ".ddplab-sync-files.json"
 EXCLUDE = re.compile(r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$|^\.ddplab-(code|sync-files)")
 
 
-def sha256_file(path) -> str:
+# The stat cache: a file of at least CACHE_MIN_BYTES whose (device, inode, size, mtime, ctime) did not
+# change since it was hashed is not read again (what git's index and rsync also trust). A relaunch then
+# re-checks gigabytes of shards and synced data in milliseconds. A file changed within RACY_S seconds of
+# its hashing is not cached (its next change could keep the same mtime). The trainer's own check at start
+# reads every shard (use_cache=False): that is the proof; prepare and preflight ask "did anything change".
+# DDPLAB_HASH_CACHE=<file> moves the cache, DDPLAB_HASH_CACHE=0 turns it off.
+CACHE_MIN_BYTES = 256 << 10
+RACY_S = 2.0
+_cache: dict | None = None
+_cache_dirty = False
+
+
+def cache_path() -> str | None:
+    env = os.environ.get("DDPLAB_HASH_CACHE")
+    if env is not None:
+        return None if env in ("", "0") else env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ddplab", "sha256-cache.json")
+
+
+def _load_cache() -> dict:
+    global _cache
+    if _cache is None:
+        _cache = {}
+        path = cache_path()
+        if path:
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+                _cache = data if isinstance(data, dict) else {}
+            except (OSError, ValueError):
+                pass  # none yet, or unreadable: start empty
+            import atexit
+
+            atexit.register(flush_cache)
+    return _cache
+
+
+def flush_cache() -> None:
+    """Write the cache (atomically) when it changed; entries of files that are gone are dropped."""
+    global _cache_dirty
+    path = cache_path()
+    if not (_cache_dirty and path and _cache is not None):
+        return
+    keep = {k: v for k, v in _cache.items() if os.path.exists(k)}
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(keep, f)
+        os.replace(tmp, path)
+        _cache_dirty = False
+    except OSError:
+        pass  # a cache that cannot be written only costs the next run a re-read
+
+
+def sha256_file(path, use_cache: bool = True) -> str:
+    global _cache_dirty
+    st = os.stat(path)
+    key = stamp = None
+    if use_cache and st.st_size >= CACHE_MIN_BYTES and cache_path():
+        key = os.path.realpath(path)
+        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        hit = _load_cache().get(key)
+        if isinstance(hit, list) and len(hit) == 6 and hit[:5] == stamp:
+            return hit[5]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
             h.update(block)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    if key is not None and time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > RACY_S:
+        _load_cache()[key] = [*stamp, digest]
+        _cache_dirty = True
+    return digest
 
 
 def excluded(rel: str) -> bool:
