@@ -15,9 +15,9 @@ def test_each_shard_is_hashed_once_per_start(shards, tmp_path, monkeypatch):
     hashed: list[str] = []
     real = shards_mod.sha256_file
 
-    def counting(path):
+    def counting(path, **kwargs):
         hashed.append(path.name)
-        return real(path)
+        return real(path, **kwargs)
 
     monkeypatch.setattr(shards_mod, "sha256_file", counting)
     out = tmp_path / "run"
