@@ -61,7 +61,12 @@ class Agent:
                f"--rdzv-endpoint=127.0.0.1:{store.port}", f"--rdzv-id={run_id}",
                f"--rdzv-conf=is_host=false,{RDZV_CONF}", "--local-addr=127.0.0.1", "--monitor-interval=0.2",
                "-m", "trainer", *map(str, trainer_args), "--out", str(self.out), "--elastic"]
-        e = env() | {"DDPLAB_NODE_NAME": name}
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the default (the workers share a TCPStore server that
+        # the rank-0 agent hosts), torch 2.13's c10d handler caches the first round's master address on
+        # every agent that is not rank 0 (dynamic_rendezvous.py, next_rendezvous), so after the master
+        # node is lost the survivors' workers dial the dead master's store and never form a group. With
+        # it, every round publishes a fresh master address and port under the round's key prefix.
+        e = env() | {"DDPLAB_NODE_NAME": name, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         with open(self.log, "w") as f:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=e, stdout=f, stderr=subprocess.STDOUT,
                                          start_new_session=True)
