@@ -52,10 +52,10 @@ class Agent:
     """One node: `torch.distributed.run` elastic agent (1 worker) with its own --out and log files."""
 
     def __init__(self, name: str, root: Path, store: Store, trainer_args: list, nnodes="2:3",
-                 max_restarts=3, run_id="elastic-test"):
+                 max_restarts=3, run_id="elastic-test", log="agent.log"):
         self.name, self.out = name, root / name / "out"
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.log = root / name / "agent.log"
+        self.log = root / name / log
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", "--nproc-per-node=1",
                f"--max-restarts={max_restarts}", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{store.port}", f"--rdzv-id={run_id}",

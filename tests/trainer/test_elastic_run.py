@@ -120,3 +120,42 @@ def test_a_worker_node_is_lost_and_the_other_two_finish(small_shards, tmp_path):
 def test_the_master_node_is_lost_and_the_other_two_finish(small_shards, tmp_path):
     res = run_and_kill(small_shards, tmp_path / "nodes", victim_rank=0)
     check_reformed(res, small_shards, tmp_path)
+
+
+def test_a_lost_node_that_comes_back_joins_the_next_group(small_shards, tmp_path):
+    """Node 2 is killed at step 130 (checkpoints every 100), the other two go on from step 100; node 2 is
+    started again with its old --out: the group re-forms with 3, node 2 receives the newest checkpoint
+    and every node finishes."""
+    steps, ckpt = 3000, 100
+    args = ["--data", small_shards, *ARGS, "--log-every", "500", "--ckpt-every", ckpt, "--check-every", ckpt,
+            "--ckpt-keep", "50"]
+    args[args.index("--steps") + 1] = steps
+    root, store = tmp_path / "nodes", Store()
+    agents = [Agent(f"node{i}", root, store, args) for i in range(3)]
+    try:
+        wait_for_step(agents, ckpt + 30)
+        victim = next(a for a in agents if rank_of(a) == 2)
+        killed_at = victim.kill()
+        survivors = [a for a in agents if a is not victim]
+        first_step_after(survivors, killed_at)
+        back = Agent(victim.name, root, store, args, log="agent.rejoined.log")
+        codes = [a.wait(timeout=100) for a in [*survivors, back]]
+    finally:
+        for a in [*agents, back] if "back" in locals() else agents:
+            a.stop()
+        store.stop()
+    assert codes == [0, 0, 0], [a.text()[-3000:] for a in [*survivors, back]]
+    two, three = survivors[0].membership()[-2:]
+    assert two["world_size"] == 2 and victim.name not in two["nodes"] and two["resumed_step"] == ckpt
+    assert three["event"] == "reform" and three["world_size"] == 3 and victim.name in three["nodes"]
+    assert three["resumed_step"] >= ckpt
+    assert back.membership()[-1] == three | {"time": back.membership()[-1]["time"]}  # the same group
+    master = next(a for a in [*survivors, back] if rank_of(a) == 0)
+    assert f"{victim.name} joined; resuming at step {three['resumed_step']}" in master.text()
+    held = elastic_ckpts(back)
+    assert three["resumed_step"] in held and steps in held  # the copy it received, then its own writes
+    assert json.loads((back.out / "summary.json").read_text())["steps"] == steps
+
+
+def elastic_ckpts(agent) -> list[int]:
+    return sorted(int(p.name[5:11]) for p in (agent.out / "ckpt").glob("step_*.pt.sha256"))
