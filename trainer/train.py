@@ -126,6 +126,7 @@ def run(cfg: TrainConfig) -> int:
     start_step, loss_first = 0, None
     if cfg.elastic:  # the newest checkpoint any node holds, whatever the world size that wrote it
         resumed, membership = elastic.agree_and_load(cfg, ds.digest, node_writer)
+        run_id = resumed.get("run_id", run_id) if resumed is not None else run_id  # one id across groups
     else:
         resumed = checkpoint.load_for_resume(cfg, ds.digest, di.world_size) if cfg.resume else None
     one = 0 if cfg.elastic else di.rank  # elastic checkpoints hold one data position and one RNG state

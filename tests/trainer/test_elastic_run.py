@@ -84,6 +84,8 @@ def check_reformed(res, shards, tmp) -> dict:
         assert 0 <= reform["lost_steps"] <= 2 * CKPT and reform["restart"] >= 1
         summary = json.loads((a.out / "summary.json").read_text())  # every node writes the summary
         assert summary["steps"] == STEPS and summary["world_size"] == 2
+        first_id = json.loads((victim.out / "config.json").read_text())["run_id"]
+        assert summary["run_id"] == first_id  # one run id across the groups
         assert (a.out / "ckpt" / f"step_{STEPS:06d}.pt.sha256").exists()  # every node holds the checkpoints
     s = reform["resumed_step"]
     new_master = next(a for a in survivors if rank_of(a) == 0)
