@@ -72,7 +72,7 @@ def previous_nodes(lasts: list[dict | None]) -> list[str]:
 def reform_line(nodes: list[str], before: list[str], step: int, lost: int) -> str:
     left = [n for n in before if n not in nodes]
     joined = [n for n in nodes if before and n not in before]
-    parts = [f"ddplab: re-formed: {len(nodes)} nodes ({', '.join(nodes)})"]
+    parts = [f"ddplab: re-formed: {len(nodes)} node{'' if len(nodes) == 1 else 's'} ({', '.join(nodes)})"]
     if left:
         parts.append(f"{', '.join(left)} left")
     if joined:
@@ -160,7 +160,8 @@ def agree_and_load(cfg: TrainConfig, data_digest: str, is_node_writer: bool):
         if problem:
             raise UsageError(problem)
     resumed = step or 0
-    info = {"nodes": [e["node"] for e in everyone], "before": previous_nodes([e["last"] for e in everyone]),
+    info = {"nodes": list(dict.fromkeys(e["node"] for e in everyone)),  # by rank; one entry per node
+            "before": previous_nodes([e["last"] for e in everyone]),
             "resumed_step": resumed, "lost_steps": lost_steps([e["progress"] for e in everyone], resumed),
             "event": event_of([e["restart"] for e in everyone], step),
             "restart": max(e["restart"] for e in everyone), "src": src}

@@ -45,6 +45,8 @@ def test_the_reform_line_names_who_left_and_who_joined():
         "ddplab: re-formed: 2 nodes (node1, node2), node0 left; resuming at step 120 (20 steps lost)")
     assert elastic.reform_line(["a", "b", "c"], ["a", "b"], 40, 0) == (
         "ddplab: re-formed: 3 nodes (a, b, c), c joined; resuming at step 40 (0 steps lost)")
+    assert elastic.reform_line(["a"], [], 6, 0) == (
+        "ddplab: re-formed: 1 node (a); resuming at step 6 (0 steps lost)")
 
 
 @pytest.mark.parametrize("extra, flag", [(["--balance"], "--balance"),
