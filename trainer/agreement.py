@@ -56,7 +56,7 @@ def setup_checks(cfg: TrainConfig, di: D.DistInfo) -> tuple[dict, Dataset | None
         out = Path(cfg.out)
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out} exists and is not a folder; choose another path")
-        if di.rank == 0 and not cfg.resume and checkpoint.list_checkpoints(out):
+        if di.rank == 0 and not (cfg.resume or cfg.elastic) and checkpoint.list_checkpoints(out):
             raise UsageError(f"--out {out} already holds checkpoints of an earlier run; add --resume to "
                              f"continue it, or choose a new --out")
     except UsageError as e:

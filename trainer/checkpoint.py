@@ -6,7 +6,8 @@ outer optimizer's, written right after a parameter sync). It is written to a tem
 renamed; then its sha256 goes to `step_{N:06d}.pt.sha256` the same way. A checkpoint counts only when
 its sha256 file exists and matches, so a torn or truncated file is detected and the previous one is
 used. Other ranks never read these files: train.py broadcasts what rank 0 loaded (no shared storage
-is assumed).
+is assumed). With --elastic the local rank 0 of every node writes the same checkpoint into its own
+OUT/ckpt, and trainer/elastic.py picks the newest copy any node holds.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from trainer.config import TrainConfig, UsageError
 _NAME = re.compile(r"^step_(\d{6,})\.pt$")
 # settings that must match between a checkpoint and the run that resumes it
 _RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps", "balance",
-                      "sync_every")
+                      "sync_every", "elastic")
 # settings added later: what a checkpoint written before them meant
-_OLD_DEFAULTS = {"balance": False, "sync_every": 1}
+_OLD_DEFAULTS = {"balance": False, "sync_every": 1, "elastic": False}
 
 
 def ckpt_dir(out: str | Path) -> Path:
@@ -60,11 +61,15 @@ def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
 
 def save(out: str | Path, step: int, state: dict, keep: int = 3) -> Path:
     """Rank 0 only. Writes step_N.pt and its .sha256; keeps the newest `keep` checkpoints."""
-    d = ckpt_dir(out)
-    d.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     torch.save(state, buf)
-    data = buf.getvalue()
+    return save_bytes(out, step, buf.getvalue(), keep)
+
+
+def save_bytes(out: str | Path, step: int, data: bytes, keep: int = 3) -> Path:
+    """Write an already serialized checkpoint (--elastic: the copy a node received from a peer)."""
+    d = ckpt_dir(out)
+    d.mkdir(parents=True, exist_ok=True)
     path = d / f"step_{step:06d}.pt"
     atomic_write(path, data)
     atomic_write(path.with_name(path.name + ".sha256"), (hashlib.sha256(data).hexdigest() + "\n").encode())
@@ -105,19 +110,9 @@ def load_for_resume(cfg: TrainConfig, data_digest: str, world_size: int):
         if state is None:
             payload = {"none": True}
         else:
-            old = state["config"]
-            bad = [k for k in _RESUME_MUST_MATCH if old.get(k, _OLD_DEFAULTS.get(k)) != getattr(cfg, k)]
-            if bad:
-                payload = {"error": f"checkpoint {path} was written with " + ", ".join(
-                    f"--{k.replace('_', '-')} {old.get(k)}" for k in bad) + "; this run asks for " +
-                    ", ".join(f"{getattr(cfg, k)}" for k in bad) + "; resume with the same settings"}
-            elif state["data_digest"] != data_digest:
-                payload = {"error": f"checkpoint {path} was trained on data digest "
-                                    f"{state['data_digest'][:12]}, --data has {data_digest[:12]}; "
-                                    f"resume on the same shards"}
-            elif state["world_size"] != world_size:
-                payload = {"error": f"checkpoint {path} was written by {state['world_size']} ranks, this run "
-                                    f"has {world_size}; resume with the same number of ranks"}
+            problem = resume_problem(state, path, cfg, data_digest, world_size)
+            if problem:
+                payload = {"error": problem}
             else:
                 payload = state
                 payload["path"] = str(path)
@@ -125,3 +120,21 @@ def load_for_resume(cfg: TrainConfig, data_digest: str, world_size: int):
     if "error" in payload:
         raise UsageError(payload["error"])
     return None if payload.get("none") else payload
+
+
+def resume_problem(state: dict, path, cfg: TrainConfig, data_digest: str,
+                   world_size: int | None) -> str | None:
+    """Why `state` cannot be resumed by this run, or None. world_size None: any (--elastic re-maps it)."""
+    old = state["config"]
+    bad = [k for k in _RESUME_MUST_MATCH if old.get(k, _OLD_DEFAULTS.get(k)) != getattr(cfg, k)]
+    if bad:
+        return (f"checkpoint {path} was written with " + ", ".join(
+            f"--{k.replace('_', '-')} {old.get(k)}" for k in bad) + "; this run asks for " +
+            ", ".join(f"{getattr(cfg, k)}" for k in bad) + "; resume with the same settings")
+    if state["data_digest"] != data_digest:
+        return (f"checkpoint {path} was trained on data digest {state['data_digest'][:12]}, --data has "
+                f"{data_digest[:12]}; resume on the same shards")
+    if world_size is not None and state["world_size"] != world_size:
+        return (f"checkpoint {path} was written by {state['world_size']} ranks, this run has {world_size}; "
+                f"resume with the same number of ranks")
+    return None

@@ -76,6 +76,8 @@ class TrainConfig:
     allow_local_sgd: bool = False
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    # --- elastic runs (trainer/elastic.py) ---------------------------------------------------------------
+    elastic: bool = False
     # filled in by __post_init__ when left at 0 (derived from depth)
     _derived: list = field(default_factory=list, repr=False)
 
@@ -143,9 +145,17 @@ class TrainConfig:
             need(not self.balance,
                  f"--balance with --sync-every {self.sync_every}: balancing weights each rank's share of "
                  f"one all-reduced gradient, local SGD has none; use one of the two")
+        if self.elastic:
+            self._check_elastic(need)
         need(self.pg_timeout_s >= 5, f"--pg-timeout-s must be at least 5 seconds, got {self.pg_timeout_s}")
         need(all(c.isalnum() or c in "-_." for c in self.run_id),
              f"--run-id may only contain letters, digits, '-', '_' and '.', got {self.run_id!r}")
+
+    def _check_elastic(self, need) -> None:
+        need(not self.balance, "--elastic with --balance: an elastic group re-forms with any node count, the "
+             "shares are measured per node; use one of the two")
+        need(self.sync_every == 1, f"--elastic with --sync-every {self.sync_every}: local SGD keeps per-rank "
+             f"optimizer state that cannot move to another world size; use --sync-every 1")
 
     @property
     def tokens_per_rank_step(self) -> int:
@@ -215,6 +225,9 @@ FIELD_HELP = {
     "outer_lr": "--sync-every > 1: outer learning rate on the averaged parameter change (1 with "
                 "--outer-momentum 0: plain parameter averaging)",
     "outer_momentum": "--sync-every > 1: outer Nesterov momentum (DiLoCo: 0.9; 0: plain SGD outer step)",
+    "elastic": "run under torchrun's elastic agent: every node keeps a copy of the checkpoints in its own "
+               "--out, each (re)start resumes from the newest copy any node holds, the data position is "
+               "one shared stream valid at any world size; OUT/membership.jsonl logs each group",
 }
 
 CHOICES = {"dtype": DTYPE_CHOICES, "comm": COMM_CHOICES, "device": DEVICE_CHOICES}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint
+from trainer import checkpoint, elastic
 from trainer import dist as D
 from trainer.agreement import agree, check_params_agree, setup_checks
 from trainer.balance import ShareController, micro_sizes
@@ -117,24 +117,32 @@ def run(cfg: TrainConfig) -> int:
                              cfg.balance_every, cfg.balance_damping)
     loader = (SharedStreamLoader(ds, di.rank, cfg.seq_len) if cfg.balance
               else ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len))
+    if cfg.elastic:  # one global position, valid at any world size
+        loader = elastic.UniformStream(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)
+    node_writer = D.is_main_process() or (cfg.elastic and di.local_rank == 0)  # writes into its OUT
     local = cfg.sync_every > 1  # low-communication mode: H local steps, then one parameter sync
     lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum)
             if local else None)
     start_step, loss_first = 0, None
-    resumed = checkpoint.load_for_resume(cfg, ds.digest, di.world_size) if cfg.resume else None
+    if cfg.elastic:  # the newest checkpoint any node holds, whatever the world size that wrote it
+        resumed, membership = elastic.agree_and_load(cfg, ds.digest, node_writer)
+        run_id = resumed.get("run_id", run_id) if resumed is not None else run_id  # one id across groups
+    else:
+        resumed = checkpoint.load_for_resume(cfg, ds.digest, di.world_size) if cfg.resume else None
+    one = 0 if cfg.elastic else di.rank  # elastic checkpoints hold one data position and one RNG state
     if resumed is not None:
         raw.load_state_dict(resumed["model"])
         opt.load_state_dict(resumed["optim_ranks"][di.rank] if local else resumed["optim"])
         try:
             if local:
                 lsgd.load_state_dict(resumed["local_sgd"])
-            loader.load_state_dict(resumed["data"][di.rank])
+            loader.load_state_dict(resumed["data"][one])
             if cfg.balance:
                 shares.load_state_dict(resumed["balance"])
         except (ValueError, KeyError) as e:
             raise UsageError(f"checkpoint {resumed['path']}: {e}; resume with the settings it was "
                              f"written with") from None
-        torch.set_rng_state(resumed["rng"][di.rank])
+        torch.set_rng_state(resumed["rng"][one])
         start_step, loss_first = resumed["step"], resumed.get("loss_first")
     elif cfg.resume:
         D.print0(f"ddplab: no checkpoint in {checkpoint.ckpt_dir(cfg.out)}, starting at step 0")
@@ -143,8 +151,10 @@ def run(cfg: TrainConfig) -> int:
     out.mkdir(parents=True, exist_ok=True)
     resolved = cfg.to_dict() | {"run_id": run_id, "dtype_resolved": dtype, "dtype_why": why,
                                 "threads_resolved": threads, "world_size": di.world_size}
-    if D.is_main_process():
+    if node_writer:
         write_json(out / "config.json", resolved)
+    if cfg.elastic:
+        elastic.record_membership(cfg, membership, di.world_size, node_writer)
     mem = estimate_train_memory(gcfg, cfg.batch_size, di.world_size)
     D.print0(banner(cfg, dtype, why, threads, n_params, di.world_size, mem))
     if local:
@@ -242,7 +252,9 @@ def run(cfg: TrainConfig) -> int:
             extra = {}
             if local:  # inner optimizer states differ per rank (DiLoCo keeps them local)
                 extra = {"optim_ranks": gather_to_main(opt.state_dict()), "local_sgd": lsgd.state_dict()}
-            if D.is_main_process():
+            if cfg.elastic:
+                positions, rngs = positions[:1], rngs[:1]
+            if node_writer:
                 checkpoint.save(out, done, {
                     "step": done, "model": raw.state_dict(), "optim": opt.state_dict(), "data": positions,
                     "rng": rngs, "balance": shares.state_dict(), "config": cfg.to_dict(), "run_id": run_id,
@@ -260,7 +272,7 @@ def run(cfg: TrainConfig) -> int:
         mine["allreduce_bytes_per_step"] = lsgd.summary(records)["comm_bytes_per_step"]
     write_json(out / f"summary.rank{di.rank}.json", mine)
     per_rank = D.all_gather_object(mine)
-    if D.is_main_process():
+    if node_writer:
         facts = {"run_id": run_id, "params": n_params, "world_size": di.world_size, "steps": cfg.steps,
                  "resumed_from_step": start_step if resumed is not None else None,
                  "tokens_per_step": tokens_per_step, "torch_version": torch.__version__, "dtype": dtype,
