@@ -27,6 +27,7 @@ VERBS = {
     "sync-push": "ddplab.sync_push",
     "interrupt-guard": "ddplab.interrupt_guard",
     "check-requirements": "ddplab.check_requirements",
+    "rdzv-store": "ddplab.rdzv_store",
 }
 
 

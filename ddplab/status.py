@@ -6,13 +6,17 @@ Input (JSON on stdin), built by roles/launch/tasks/status.yml from the node-side
     {"run": "run-1", "log_dir": "~/ddplab/runs",
      "nodes": {"node0": 0, "node1": 1},                 # every node of the inventory: its rank
      "asked": ["node0", "node1"],                        # the nodes of the play (--limit applied)
-     "states": {"node0": {...run status...}}}            # the asked nodes that answered
+     "states": {"node0": {...run status...}},            # the asked nodes that answered
+     "lost": ["node2"]}                                  # elastic: nodes the wait saw go (optional)
 
 A node outside --limit is "not asked", never "unreachable"; an asked node without a state did not
 answer over SSH. "Failed first" is judged among the nodes whose state is known: an unreachable or
 silently lost node first, else the failed node whose rank did not merely lose a peer, earliest exit
 first (exit_code mtimes on the nodes' clocks). When nothing known failed but nodes were left out, the
 failed-first node is unknown, and the output says so.
+With ddplab_elastic a node that went away (``lost``) did not fail the run: the others went on without
+it. Its row says so, and the membership history of the group (from the nodes' membership.jsonl, via
+their run status) is printed: who left, who joined, at which step and how many steps were lost.
 A failed node's row shows why: its `ddplab: error:` line, else the exception its code raised (`exception`
 of the run status, nodeprobe/rank_error.py), else its last log line.
 Output: JSON {"run", "nodes": [rows], "failed", "failed_first", "lines"} on stdout.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from ddplab.errors import DdplabError
 
@@ -31,10 +36,15 @@ VERDICTS = {"running": "running", "not-started": "not started", "stopped": "stop
             "lost": "failed (no exit code, its tmux pane is gone)"}
 
 
-def row_for(host: str, rank, state: dict | None, asked: bool) -> dict:
+LEFT = "left the run (the others went on)"
+
+
+def row_for(host: str, rank, state: dict | None, asked: bool, lost: bool = False) -> dict:
     """One node's row: its verdict, whether it failed, and what orders the failed ones."""
     row = {"host": host, "rank": rank, "asked": asked, "known": False, "failed": False, "victim": 0, "t": 0.0,
            "code": None, "step": None, "loss": None, "tps": None, "last_line": "", "lines": [], "error": None}
+    if lost:
+        return {**row, "verdict": LEFT, "known": True, "last_line": "no answer over SSH since it went away"}
     if not asked:
         return {**row, "verdict": NOT_ASKED}
     if state is None:
@@ -58,12 +68,36 @@ def judge(doc: dict) -> dict:
         run = doc["run"]
     except (KeyError, TypeError) as e:
         raise DdplabError(f"status input lacks {e}; it is built by roles/launch/tasks/status.yml") from None
-    rows = [row_for(host, rank, states.get(host), host in asked) for host, rank in nodes.items()]
+    lost = set(doc.get("lost") or [])
+    rows = [row_for(host, rank, states.get(host), host in asked or host in lost, host in lost)
+            for host, rank in nodes.items()]
     failed = sorted((r for r in rows if r["failed"]), key=lambda r: (r["victim"], r["t"]))
     left_out = [r["host"] for r in rows if not r["asked"]]
     first = failed[0]["host"] if failed else None
+    history = max((s.get("membership") or [] for s in states.values() if s), key=len, default=[])
+    lines = render(run, rows, first, left_out, doc.get("log_dir", "")) + membership_lines(history)
     return {"run": run, "nodes": rows, "failed": [r["host"] for r in failed], "failed_first": first,
-            "left_out": left_out, "lines": render(run, rows, first, left_out, doc.get("log_dir", ""))}
+            "left_out": left_out, "lost": sorted(lost), "membership": history, "lines": lines}
+
+
+def membership_lines(history: list[dict]) -> list[str]:
+    """One line per group of an elastic run: its nodes, who left or joined since the group before, where
+    it resumed and the steps lost."""
+    out, before = [], None
+    for g in history:
+        nodes = list(g.get("nodes") or [])
+        when = time.strftime("%H:%M:%S", time.localtime(float(g.get("time") or 0)))
+        change = ""
+        if before is not None:
+            left = [n for n in before if n not in nodes]
+            joined = [n for n in nodes if n not in before]
+            change = "".join([f", {', '.join(left)} left" if left else "",
+                              f", {', '.join(joined)} joined" if joined else ""])
+        lost = g.get("lost_steps") or 0
+        out.append(f"group {when}: {len(nodes)} node(s) ({', '.join(nodes)}){change}; from step "
+                   f"{g.get('resumed_step', 0)}" + (f", {lost} steps lost" if lost else ""))
+        before = nodes
+    return (["membership (elastic run):"] + [f"  {ln}" for ln in out]) if out else []
 
 
 def fmt(value, spec: str) -> str:

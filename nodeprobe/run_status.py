@@ -106,4 +106,16 @@ def run_status(run_dir: str, socket: str, session: str, wait: float = 0) -> dict
             "lost contact with the other ranks" in res["error"]
     if res["state"] in ("exited", "lost") and res["code"] != 0:
         res["exception"] = log_exception(log)
+    res["membership"] = membership(os.path.join(run_dir, "out", "membership.jsonl"))
     return res
+
+
+def membership(path: str, keep: int = 20) -> list[dict]:
+    """The last groups of an elastic run as this node saw them (trainer/elastic.py writes the file)."""
+    out = []
+    for line in tail_lines(path, keep):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

@@ -26,7 +26,7 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PIP_TIMEOUT_S = 8
 FLAG_SETTING = {"--steps": "ddplab_trainer_steps", "--depth": "ddplab_trainer_depth",
                 "--pg-timeout-s": "ddplab_pg_timeout", "--threads": "ddplab_threads",
-                "--run-id": "ddplab_run_id", "--balance": "ddplab_balance"}
+                "--run-id": "ddplab_run_id", "--balance": "ddplab_balance", "--elastic": "ddplab_elastic"}
 
 
 def trainer_argv(v: dict) -> list[str]:
@@ -37,6 +37,7 @@ def trainer_argv(v: dict) -> list[str]:
             "--pg-timeout-s", str(v["ddplab_pg_timeout"])]
     argv += ["--resume"] if v["ddplab_resume"] else []
     argv += ["--balance"] if v["ddplab_balance"] else []
+    argv += ["--elastic"] if v["ddplab_elastic"] else []
     return argv + list(v["ddplab_trainer_extra_args"]) + ["--threads", str(v["ddplab_threads"] or 1)]
 
 

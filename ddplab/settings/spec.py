@@ -119,6 +119,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_max_restarts", "int", 0,
             "torchrun --max-restarts: restarts of a node's workers after a failure (0: fail at once).",
             min=0),
+    Setting("ddplab_elastic", "bool", False,
+            "Nodes that disappear: ranks start under torchrun's elastic agent with the rendezvous on the "
+            "control host; a lost node (the master too) re-forms the group from the newest checkpoint a "
+            "survivor holds, and a node started again joins the next group (built-in trainer: --elastic)."),
+    Setting("ddplab_elastic_min_nodes", "int", 0,
+            "ddplab_elastic: the fewest nodes that go on training (0: one less than the lab, at least 1).",
+            min=0),
+    Setting("ddplab_elastic_restarts", "int", 3,
+            "ddplab_elastic: how many times the group may re-form after a failure (torchrun --max-restarts).",
+            min=1),
+    Setting("ddplab_rdzv_port", "int", 29400,
+            "ddplab_elastic: TCP port of the rendezvous store on the control host (nodes must reach it).",
+            min=1, max=65535),
     Setting("ddplab_resume", "bool", False,
             "launch.yml: continue the run from its newest valid checkpoint on the master (also automatic "
             "when a reused ddplab_run_id finds checkpoints)."),

@@ -119,7 +119,8 @@ RUN_CHECKS = (
     (inputs.sync_dirs, ("ddplab_sync_dirs",)),
     (external.trainer_args, ("ddplab_entrypoint", "ddplab_data_dir", "ddplab_run_id", "ddplab_trainer_steps",
                              "ddplab_trainer_depth", "ddplab_pg_timeout", "ddplab_resume",
-                             "ddplab_trainer_extra_args", "ddplab_threads", "ddplab_balance")),
+                             "ddplab_trainer_extra_args", "ddplab_threads", "ddplab_balance",
+                             "ddplab_elastic")),
 )
 
 
