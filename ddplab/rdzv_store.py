@@ -56,6 +56,24 @@ def port_free(port: int) -> bool:
     return True
 
 
+def store_on_port(port: int) -> tuple[int, str] | None:
+    """(pid, state folder) of this user's ddplab store serving `port`, if one runs."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+            if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if "rdzv-store" in argv and "serve" in argv and argv[argv.index("--port") + 1:][:1] == [str(port)]:
+            state = argv[argv.index("--state") + 1] if "--state" in argv else "?"
+            return int(entry), state
+    return None
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -79,6 +97,13 @@ def start(folder: Path, port: int, toward: str, hours: float) -> dict:
     if state and state.get("port") == port:
         return {**state, "host": host, "reused": True}
     if not port_free(port):
+        other = store_on_port(port)
+        if other:
+            pid, state = other
+            raise DdplabError(f"port {port} on the control host is held by the rendezvous store of run "
+                              f"{Path(state).name} (pid {pid}); end that run (ansible-playbook "
+                              f"playbooks/stop.yml -e ddplab_run_id={Path(state).name}) or set "
+                              "ddplab_rdzv_port to another free port")
         raise DdplabError(f"port {port} on the control host is taken by another program; the rendezvous "
                           "store of an elastic run needs it: set ddplab_rdzv_port to a free port")
     ready = folder / "rdzv-store.ready"
@@ -86,7 +111,7 @@ def start(folder: Path, port: int, toward: str, hours: float) -> dict:
     log = open(folder / "rdzv-store.log", "ab")  # noqa: SIM115 - handed to the detached child
     proc = subprocess.Popen(
         [sys.executable, "-m", "ddplab", "rdzv-store", "serve", "--port", str(port), "--ready", str(ready),
-         "--hours", str(hours)],
+         "--hours", str(hours), "--state", str(folder)],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         cwd=Path(__file__).resolve().parent.parent)
     log.close()
@@ -144,6 +169,7 @@ def add_parser(sub):
     v.add_argument("--port", type=int, required=True)
     v.add_argument("--ready", type=Path, required=True)
     v.add_argument("--hours", type=float, default=72.0)
+    v.add_argument("--state", type=Path, help="the run folder it serves (named in messages)")
     p.set_defaults(func=cmd_rdzv_store)
 
 
