@@ -1,0 +1,87 @@
+"""ddplab_elastic on 3 simulated hosts: a worker host dies, then the master's host dies, and the last node
+finishes the run by itself; `launch.yml -e ddplab_wait=true` returns 0 and names both nodes that left.
+
+One run covers both losses (ddplab_elastic_min_nodes: 1), to keep the suite short: killing node1 (a worker)
+and, once the group of two trains, node0 (the master, which held global rank 0 and the first group's
+store). A host is killed as simlan does it: cable pulled, every process SIGKILLed, so the survivors hear
+nothing (no connection reset); they notice through the process-group timeout (20 s here) and the
+rendezvous heartbeats, on the control host's store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers.playbooks import BIN, REPO, make_shards
+
+pytestmark = [pytest.mark.slow, pytest.mark.simlan]
+
+RUN = "elastic-sim"
+STEPS = 6000
+
+
+def node_file(cluster, host: str, path: str) -> str:
+    p = cluster.exec(host, ["cat", path], timeout=30)
+    return p.stdout if p.returncode == 0 else ""
+
+
+def membership(cluster, host: str) -> list[dict]:
+    text = node_file(cluster, host, f"/root/ddplab/runs/{RUN}/out/membership.jsonl")
+    return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+
+
+def wait_until(what: str, check, timeout: float, proc: subprocess.Popen):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc.poll() is not None:
+            out = proc.stdout.read()[-4000:]
+            pytest.fail(f"launch.yml ended (rc {proc.returncode}) before {what}:\n{out}")
+        time.sleep(1)
+    pytest.fail(f"not within {timeout} s: {what}")
+
+
+def test_the_run_survives_a_worker_and_then_the_master(simlan_cluster, tmp_path):
+    cluster = simlan_cluster(3)
+    extra = {"ddplab_data_dir": str(make_shards(tmp_path / "shards")),
+             "ddplab_runs_dir": str(tmp_path / "runs"), "ddplab_run_id": RUN, "ddplab_wait": True,
+             "ddplab_elastic": True, "ddplab_elastic_min_nodes": 1,
+             "ddplab_threads": 1, "ddplab_trainer_steps": STEPS, "ddplab_trainer_depth": 1,
+             "ddplab_pg_timeout": 20, "ddplab_wait_poll": 3,
+             "ddplab_trainer_extra_args": ["--seq-len", "32", "--batch-size", "4", "--log-every", "50",
+                                           "--ckpt-every", "100", "--ckpt-keep", "3", "--check-every", "100",
+                                           "--straggler-every", "0"]}
+    argv = [str(BIN / "ansible-playbook"), "-i", str(cluster.inventory_dir), "playbooks/launch.yml",
+            "-e", json.dumps(extra)]
+    proc = subprocess.Popen(argv, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            env={"ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"})
+    try:
+        wait_until("node2 trains in a group of 3", lambda: any(
+            len(g["nodes"]) == 3 for g in membership(cluster, "node2")), 600, proc)
+        time.sleep(3)
+        cluster.kill_host("node1")
+        wait_until("the group re-forms as node0, node2", lambda: any(
+            g["nodes"] == ["node0", "node2"] for g in membership(cluster, "node2")), 240, proc)
+        time.sleep(3)
+        cluster.kill_host("node0")
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-6000:]
+    groups = membership(cluster, "node2")
+    assert [g["nodes"] for g in groups][-3:] == [["node0", "node1", "node2"], ["node0", "node2"], ["node2"]]
+    assert all(g["resumed_step"] % 100 == 0 for g in groups)  # from a checkpoint every 100 steps
+    assert groups[-1]["resumed_step"] >= groups[-2]["resumed_step"] > 0
+    summary = json.loads(node_file(cluster, "node2", f"/root/ddplab/runs/{RUN}/out/summary.json"))
+    assert summary["steps"] == STEPS
+    # the wait named both nodes that left, and the outcome printed the membership history
+    assert "node1 went away during run" in out and "node0 went away during run" in out
+    assert "node1        rank 1  left the run" in out and "node0        rank 0  left the run" in out
+    assert "node1 left; from step" in out and "node0 left; from step" in out
