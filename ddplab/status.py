@@ -37,6 +37,7 @@ VERDICTS = {"running": "running", "not-started": "not started", "stopped": "stop
 
 
 LEFT = "left the run (the others went on)"
+REJOINED = "went away, then rejoined"
 
 
 def row_for(host: str, rank, state: dict | None, asked: bool, lost: bool = False) -> dict:
@@ -69,12 +70,16 @@ def judge(doc: dict) -> dict:
     except (KeyError, TypeError) as e:
         raise DdplabError(f"status input lacks {e}; it is built by roles/launch/tasks/status.yml") from None
     lost = set(doc.get("lost") or [])
+    history = max((s.get("membership") or [] for s in states.values() if s), key=len, default=[])
     rows = [row_for(host, rank, states.get(host), host in asked or host in lost, host in lost)
             for host, rank in nodes.items()]
+    back = set(history[-1].get("nodes") or []) & lost if history else set()
+    for r in rows:
+        if r["host"] in back:  # went away, then was started again (start.yml --limit) and joined
+            r["verdict"], r["last_line"] = REJOINED, "in the last group of the run (see the membership)"
     failed = sorted((r for r in rows if r["failed"]), key=lambda r: (r["victim"], r["t"]))
     left_out = [r["host"] for r in rows if not r["asked"]]
     first = failed[0]["host"] if failed else None
-    history = max((s.get("membership") or [] for s in states.values() if s), key=len, default=[])
     lines = render(run, rows, first, left_out, doc.get("log_dir", "")) + membership_lines(history)
     return {"run": run, "nodes": rows, "failed": [r["host"] for r in failed], "failed_first": first,
             "left_out": left_out, "lost": sorted(lost), "membership": history, "lines": lines}

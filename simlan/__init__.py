@@ -1,7 +1,7 @@
 """simlan: a simulated LAN of hosts on one Linux machine, each with its own network, mount, PID and
 UTS namespaces and a real sshd, so that Ansible and torchrun can be rehearsed "across machines".
 
-Command line: ``python -m simlan up|status|exec|kill-host|sshd|down`` (see ``simlan/README.md``).
+Command line: ``python -m simlan up|status|exec|kill-host|revive-host|sshd|down`` (see ``simlan/README.md``).
 Python API (used by tests)::
 
     from simlan import cluster

@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--keep-link", action="store_true",
                    help="leave the cable in: peers get connection resets instead of silence")
 
+    r = sub.add_parser("revive-host",
+                       help="bring a killed host back: new PID 1 and sshd, same files and address")
+    r.add_argument("node")
+
     s = sub.add_parser("sshd", help="stop, start or restart a host's sshd")
     s.add_argument("node")
     s.add_argument("action", choices=["stop", "start", "restart"])
@@ -131,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
             c.kill_host(args.node, keep_link=args.keep_link)
             print(f"simlan: {args.node}: killed (every process SIGKILLed"
                   f"{'' if args.keep_link else ', cable pulled'})")
+            return 0
+        if args.command == "revive-host":
+            c = _require_cluster(cluster_mod)
+            c.revive_host(args.node)
+            print(f"simlan: {args.node}: up again (new PID 1 and sshd, cable in)")
             return 0
         if args.command == "sshd":
             c = _require_cluster(cluster_mod)

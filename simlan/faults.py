@@ -32,6 +32,28 @@ def kill_host(cluster: Cluster, name: str, *, keep_link: bool = False) -> None:
         cluster.save()
 
 
+def revive_host(cluster: Cluster, name: str, timeout: float = READY_TIMEOUT) -> None:
+    """Bring a host killed by kill_host back, as a machine switched on again: a new PID 1 and sshd on the
+    same files and address, cable plugged in. Its processes of before are gone for good."""
+    from simlan import lifecycle
+
+    tools = require()
+    with locked(cluster.state_dir):
+        h = cluster.host(name)
+        if h.alive:
+            raise SimlanError(f"{name} is up (its PID 1 runs); revive-host brings back a killed host")
+        network.set_link(tools["ip"], name, up=True)
+        lifecycle._start_host(cluster, h, tools)
+        h.killed = False
+        cluster.save()
+    deadline = time.monotonic() + timeout
+    while not ssh_answers(h.addr, timeout=0.2):
+        if time.monotonic() > deadline:
+            raise SimlanError(f"{name}: sshd did not answer on {h.addr}:22 within {timeout:g} s after the "
+                              "revive")
+        time.sleep(0.05)
+
+
 def sshd(cluster: Cluster, name: str, action: str, *, cut: bool = False,
          timeout: float = READY_TIMEOUT) -> str:
     """Stop, start or restart the host's sshd. `cut` (stop/restart) also kills every running

@@ -213,6 +213,12 @@ class Cluster:
 
         faults.kill_host(self, name, keep_link=keep_link)
 
+    def revive_host(self, name: str) -> None:
+        """Bring a killed host back (new PID 1 and sshd, same files and address, cable in)."""
+        from simlan import faults
+
+        faults.revive_host(self, name)
+
     def sshd(self, name: str, action: str, *, cut: bool = False, timeout: float = READY_TIMEOUT) -> str:
         """Stop, start or restart the host's sshd (`cut`: also kill its SSH sessions)."""
         from simlan import faults

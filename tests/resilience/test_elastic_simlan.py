@@ -1,11 +1,15 @@
-"""ddplab_elastic on 3 simulated hosts: a worker host dies, then the master's host dies, and the last node
-finishes the run by itself; `launch.yml -e ddplab_wait=true` returns 0 and names both nodes that left.
+"""ddplab_elastic on 3 simulated hosts: a worker host dies, comes back and rejoins, then the master's host
+dies, and the two others finish the run; `launch.yml -e ddplab_wait=true` returns 0 and names the nodes.
 
-One run covers both losses (ddplab_elastic_min_nodes: 1), to keep the suite short: killing node1 (a worker)
-and, once the group of two trains, node0 (the master, which held global rank 0 and the first group's
-store). A host is killed as simlan does it: cable pulled, every process SIGKILLed, so the survivors hear
-nothing (no connection reset); they notice through the process-group timeout (20 s here) and the
-rendezvous heartbeats, on the control host's store."""
+One run covers all three, to keep the suite short:
+- node1 (a worker) is killed;
+- once the group of two trains, node1 is switched on again (`simlan revive-host`) and taken back with
+  `start.yml --limit node1 -e ddplab_run_id=RUN`;
+- once it trains in the group of three again, node0 is killed (the master, which held global rank 0
+  and the first group's store).
+A host is killed as simlan does it: cable pulled, every process SIGKILLed, so the survivors hear nothing
+(no connection reset); they notice through the process-group timeout (20 s here) and the rendezvous
+heartbeats, on the control host's store."""
 
 from __future__ import annotations
 
@@ -57,9 +61,9 @@ def test_the_run_survives_a_worker_and_then_the_master(simlan_cluster, tmp_path)
                                            "--straggler-every", "0"]}
     argv = [str(BIN / "ansible-playbook"), "-i", str(cluster.inventory_dir), "playbooks/launch.yml",
             "-e", json.dumps(extra)]
+    env = {"ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"}
     proc = subprocess.Popen(argv, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL,
-                            env={"ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"})
+                            stdin=subprocess.DEVNULL, env=env)
     try:
         wait_until("node2 trains in a group of 3", lambda: any(
             len(g["nodes"]) == 3 for g in membership(cluster, "node2")), 600, proc)
@@ -67,6 +71,14 @@ def test_the_run_survives_a_worker_and_then_the_master(simlan_cluster, tmp_path)
         cluster.kill_host("node1")
         wait_until("the group re-forms as node0, node2", lambda: any(
             g["nodes"] == ["node0", "node2"] for g in membership(cluster, "node2")), 240, proc)
+        cluster.revive_host("node1")
+        join = [*argv[:3], "playbooks/start.yml", "-e", json.dumps({**extra, "ddplab_wait": False}),
+                "--limit", "node1"]
+        rejoin = subprocess.run(join, cwd=REPO, text=True, capture_output=True, stdin=subprocess.DEVNULL,
+                                timeout=300, env=env)
+        assert rejoin.returncode == 0, rejoin.stdout[-4000:] + rejoin.stderr[-2000:]
+        wait_until("node1 trains in the group again", lambda: len(membership(cluster, "node2")) >= 3
+                   and "node1" in membership(cluster, "node2")[-1]["nodes"], 240, proc)
         time.sleep(3)
         cluster.kill_host("node0")
         out, _ = proc.communicate(timeout=900)
@@ -75,13 +87,17 @@ def test_the_run_survives_a_worker_and_then_the_master(simlan_cluster, tmp_path)
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, out[-6000:]
-    groups = membership(cluster, "node2")
-    assert [g["nodes"] for g in groups][-3:] == [["node0", "node1", "node2"], ["node0", "node2"], ["node2"]]
-    assert all(g["resumed_step"] % 100 == 0 for g in groups)  # from a checkpoint every 100 steps
-    assert groups[-1]["resumed_step"] >= groups[-2]["resumed_step"] > 0
-    summary = json.loads(node_file(cluster, "node2", f"/root/ddplab/runs/{RUN}/out/summary.json"))
-    assert summary["steps"] == STEPS
-    # the wait named both nodes that left, and the outcome printed the membership history
+    groups = [g["nodes"] for g in membership(cluster, "node2")]
+    assert groups == [["node0", "node1", "node2"], ["node0", "node2"], ["node0", "node1", "node2"],
+                      ["node1", "node2"]], groups
+    resumed = [g["resumed_step"] for g in membership(cluster, "node2")]
+    assert all(s % 100 == 0 for s in resumed) and resumed == sorted(resumed)  # from checkpoints, forward
+    for host in ("node1", "node2"):  # both finished every step; node1 got the newest checkpoint on rejoining
+        summary = json.loads(node_file(cluster, host, f"/root/ddplab/runs/{RUN}/out/summary.json"))
+        assert summary["steps"] == STEPS
+    # the wait named the nodes that went away, and the outcome printed the membership history
     assert "node1 went away during run" in out and "node0 went away during run" in out
-    assert "node1        rank 1  left the run" in out and "node0        rank 0  left the run" in out
-    assert "node1 left; from step" in out and "node0 left; from step" in out
+    assert "node0        rank 0  left the run" in out
+    assert "node1        rank 1  went away, then rejoined" in out
+    for change in ("node1 left; from step", "node1 joined; from step", "node0 left; from step"):
+        assert change in out
