@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers.elastic_runs import descendants
 from tests.helpers.trainer_runs import REPO, TINY, env, free_port, read_jsonl, torchrun, torchrun_cmd
 from trainer.agreement import param_sha256
 from trainer.data.shards import prepare
@@ -90,20 +90,6 @@ def test_allreduce_bytes_per_step_equal_the_gradient_size(run_a):
         # grad accumulation 2: no_sync on the first micro-step, so one all-reduce of all gradients per step
         assert {rec["allreduce_bytes"] for rec in recs} == {s["params"] * 4}
         assert all(rec["allreduce_ms"] > 0 and rec["buckets"] >= 1 for rec in recs)
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for st in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = st.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(st.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def test_kill_and_resume_reproduces_the_uninterrupted_losses(run_a, small_shards, tmp_path):
