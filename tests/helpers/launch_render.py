@@ -39,6 +39,7 @@ def _setup(env: jinja2.Environment) -> jinja2.Environment:
         bool=_bool,
         combine=lambda *dicts: {k: v for d in dicts for k, v in d.items()},
         to_json=json.dumps,
+        from_json=json.loads,
         dirname=os.path.dirname,
         basename=os.path.basename,
     )
