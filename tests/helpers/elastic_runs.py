@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,25 +24,21 @@ from tests.helpers.trainer_runs import REPO, env, free_port, read_jsonl
 # 3 missed 1 s heartbeats
 RDZV_CONF = "timeout=60,join_timeout=60,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
 
-STORE_CODE = """
-import datetime, sys, time
-import torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
-                      timeout=datetime.timedelta(seconds=300))
-print("ready", flush=True)
-while True:
-    time.sleep(3600)
-"""
-
-
 class Store:
     """A TCPStore server in its own process: the rendezvous that lives on no training node."""
 
     def __init__(self):
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-c", STORE_CODE, str(self.port)], cwd=REPO, env=env(),
-                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
-        assert self.proc.stdout.readline().strip() == "ready"
+        # the control host's own store (`ddplab rdzv-store serve`), as launch.yml starts it
+        ready = Path(tempfile.mkdtemp(prefix="ddplab-store-")) / "ready"
+        argv = [sys.executable, "-m", "ddplab", "rdzv-store", "serve", "--port", str(self.port),
+                "--ready", str(ready)]
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert self.proc.poll() is None and time.monotonic() < deadline, "the store did not start"
+            time.sleep(0.05)
 
     def stop(self):
         os.killpg(self.proc.pid, signal.SIGKILL)
