@@ -63,6 +63,11 @@ SIZES = {
     "large-b1": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
                            "--batch-size", "1", "--lr", "1e-3", "--auto-trial-steps", "2"],
                  "steps": 6, "warmup": 1, "comms": ["fp32", "auto"], "auto_steps": 12, "repeat": 3},
+    # large-b1 in the low-communication mode: one fp32 parameter sync per 16 steps (local16) against the
+    # per-step fp32 all-reduce, the same 16 steps each, so their losses are at equal tokens
+    "large-b1-local": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
+                                 "--batch-size", "1", "--lr", "1e-3"],
+                       "steps": 16, "warmup": 1, "comms": ["fp32", "local16"], "repeat": 3},
 }
 COMMON = ["--threads", "1", "--log-every", "1", "--powersgd-start-step", "2", "--pg-timeout-s", "600",
           "--check-every", "0"]
@@ -72,6 +77,15 @@ RUN_TIMEOUT_S = 1800
 
 class BenchError(RuntimeError):
     pass
+
+
+def comm_flags(comm: str) -> list[str]:
+    """A run's way of synchronizing: a --comm option, or local<H>: the low-communication mode (local SGD /
+    DiLoCo, an fp32 parameter sync every H steps)."""
+    m = re.fullmatch(r"local(\d+)", comm)
+    if m:
+        return ["--comm", "fp32", "--sync-every", m.group(1), "--allow-local-sgd"]
+    return ["--comm", comm]
 
 
 def run_in_hosts(cluster, argv_for, names, log_dir: Path, timeout: float = RUN_TIMEOUT_S) -> None:
@@ -195,7 +209,7 @@ class Lab:
             shutil.rmtree(rdir)
         rdir.mkdir(parents=True)
         base = ["-m", "trainer", "--data", str(self.data), "--steps", str(steps), *spec["model"], *COMMON,
-                "--timing-warmup-steps", str(spec["warmup"]), "--comm", comm,
+                "--timing-warmup-steps", str(spec["warmup"]), *comm_flags(comm),
                 "--run-id", f"{self.args.id}-{label}"]
         run = {"nodes": nodes, "ranks_per_node": per_node, "comm": comm, "steps": steps,
                "load_before": load()}
@@ -354,8 +368,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", default="1gbit", help="link rate (tc tbf), e.g. 1gbit, 100mbit")
     ap.add_argument("--sizes", default="small,small-b32,large,large-b1",
                     help=f"comma list of {', '.join(SIZES)}")
-    ap.add_argument("--comms", default=None, help="comma list of --comm options for the N-node runs "
-                    "(default: per size)")
+    ap.add_argument("--comms", default=None, help="comma list of --comm options for the N-node runs, "
+                    "or local<H> for the low-communication mode (default: per size)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: per size)")
     ap.add_argument("--repeat", type=int, default=None, help="rounds (every configuration once per round; "
                     "default: per size, 3)")
@@ -376,6 +390,13 @@ def main(argv=None) -> int:
               f"least 2", file=sys.stderr)
         return 2
     a.comms = a.comms.split(",") if a.comms else None
+    from trainer.config import COMM_CHOICES
+
+    wrong = [c for c in a.comms or () if c not in COMM_CHOICES and not re.fullmatch(r"local\d+", c)]
+    if wrong:
+        print(f"ddplab: error: --comms takes {', '.join(COMM_CHOICES)} or local<H> (e.g. local8), got "
+              f"{', '.join(wrong)}", file=sys.stderr)
+        return 2
     a.runs = set(a.runs.split(",")) if a.runs else None
     from simlan.errors import SimlanError
 
