@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.scaling_lab import run_in_hosts  # noqa: E402
+from bench.scaling_lab import machine_info, run_in_hosts  # noqa: E402
 
 MODEL = ["--depth", "2", "--seq-len", "128", "--threads", "1", "--log-every", "5", "--check-every", "0",
          "--straggler-every", "10", "--pg-timeout-s", "300", "--lr", "3e-3"]
@@ -210,7 +210,7 @@ class Bench:
                     (self.dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         finally:
             self.down()
-        report = summarize(results, self.args)
+        report = summarize(results, self.args) | {"machine": machine_info()}
         write_report(self.dir, report)
         dest = REPO / "bench" / "results" / RESULTS[self.args.case]
         dest.mkdir(parents=True, exist_ok=True)
@@ -307,6 +307,8 @@ def write_report(d: Path, rep: dict) -> None:
         f"{s['priority']}",
         f"- model: `{s['model']}`, global batch {s['global_batch']}, {s['steps']} steps, first "
         f"{s['timing_warmup_steps']} untimed; --balance-every {s['balance_every']}",
+        *([f"- machine: {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs, torch {m.get('torch')}"]
+          if (m := rep.get("machine")) else []),
         f"- {s['rounds']} interleaved rounds; medians with min-max; load average (1 min) over the runs "
         f"{rep['load_1min']['min']:.1f}-{rep['load_1min']['max']:.1f} (median "
         f"{rep['load_1min']['median']:.1f})",
@@ -375,7 +377,9 @@ def main(argv=None) -> int:
         print("bench/hetero.py: note: SIMLAN_LAB is not set: lab 0", file=sys.stderr)
     if args.rebuild:
         d = Path(args.rebuild)
-        write_report(d, summarize(json.loads((d / "results.json").read_text()), args))
+        old = json.loads((d / "report.json").read_text()) if (d / "report.json").exists() else {}
+        write_report(d, summarize(json.loads((d / "results.json").read_text()), args) |
+                     {"machine": old.get("machine") or machine_info()})
         print((d / "report.md").read_text())
         return 0
     return Bench(args).main()

@@ -20,7 +20,8 @@ def run(config, rnd, tps, val=2.5, throttled=None, shares=None, hosts=("node0", 
 
 def three_host_rounds():
     # round 1: solos 1000 + 1000 + 400 = 2400; uniform 1200 (0.50), balanced 2160 (0.90)
-    # round 2: everything 10 % slower (a busier machine): solos 2160; uniform 1188 (0.55), balanced 2052 (0.95)
+    # round 2: everything 10 % slower (a busier machine): solos 2160;
+    #          uniform 1188 (0.55), balanced 2052 (0.95)
     # round 3: solos 1100 + 900 + 400 = 2400; uniform 1440 (0.60), balanced 2040 (0.85)
     out = []
     for rnd, solos, uni, bal in ((1, (1000, 1000, 400), 1200, 2160), (2, (900, 900, 360), 1188, 2052),
@@ -38,8 +39,9 @@ def args(case="3"):
 
 def test_ratios_are_taken_within_each_round():
     rep = hetero.summarize(three_host_rounds(), args())
-    assert rep["over_solo_sum"]["uniform"] == pytest.approx({"median": 0.55, "min": 0.50, "max": 0.60, "n": 3})
-    assert rep["over_solo_sum"]["balanced"] == pytest.approx({"median": 0.90, "min": 0.85, "max": 0.95, "n": 3})
+    ratios = rep["over_solo_sum"]
+    assert ratios["uniform"] == pytest.approx({"median": 0.55, "min": 0.50, "max": 0.60, "n": 3})
+    assert ratios["balanced"] == pytest.approx({"median": 0.90, "min": 0.85, "max": 0.95, "n": 3})
     assert rep["balanced_over_solo_sum"] == pytest.approx(0.90)
     # medians of each configuration on their own: node0 1000, node1 900, node2 400; balanced 2052
     assert rep["solo"] == {"node0": 1000, "node1": 900, "node2": 400}
