@@ -56,7 +56,7 @@ follow:  ## Live view of every node's tmux pane (INV=inventory/simlan)
 bench: data  ## Scaling lab on 2 simulated hosts at 1 Gbit/s (root, ~40 min): runs/bench-<id>/report.md
 	$(BIN)/python bench/scaling_lab.py --nodes 2 --rate 1gbit
 
-bench-hetero: setup  ## Balanced vs uniform DDP, node1 at half a core (root, ~6 min; HETERO_ARGS=--priority on a busy machine)
+bench-hetero: setup  ## Balanced vs uniform DDP, node1 at half a core (root, ~6 min; HETERO_ARGS="--case 3" for 3 hosts, --priority on a busy machine)
 	$(BIN)/python bench/hetero.py $(HETERO_ARGS)
 
 bench-trainer: setup  ## 1 vs 2 ranks on this machine against a textbook DDP loop
