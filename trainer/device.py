@@ -8,9 +8,7 @@ amx_bf16 in /proc/cpuinfo) *and* the user's consent (--allow-bf16), otherwise fp
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import sys
 from contextlib import nullcontext
 
 import torch
@@ -77,31 +75,7 @@ def default_threads(local_world_size: int) -> int:
     return max(1, cores // max(1, local_world_size))
 
 
-# glibc mallopt() parameters (malloc.h)
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
-
-
-def keep_freed_memory() -> bool:
-    """Let glibc keep freed activation memory for the next step instead of handing it back to the kernel.
-
-    Every step frees and re-allocates the same activations (MBs each). glibc serves big blocks with mmap
-    and trims the heap top, so the next step faults the pages in again (~10,000 page faults per step on the
-    ~10.8M model); with the thresholds raised a step faults ~0-1,500 pages and is ~3 % faster (measured
-    here, 1 thread). A no-op (False) off glibc. Memory use stays what the step needs at its peak."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # musl or another libc: leave its allocator alone
-        return False
-    ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
-    return bool(ok)
-
-
 def setup_threads(threads: int, local_world_size: int) -> int:
-    """Intra-op threads for this rank (and the allocator setting every CPU step benefits from)."""
-    keep_freed_memory()
     n = threads or default_threads(local_world_size)
     torch.set_num_threads(n)
     with contextlib.suppress(RuntimeError):  # already set (e.g. a second run in the same process)

@@ -1,4 +1,4 @@
-"""The node's fp32 GEMM peak and the MFU a run reports against it; the fused optimizer; malloc setting."""
+"""The node's fp32 GEMM peak and the MFU a run reports against it; the fused optimizer."""
 
 import json
 import math
@@ -48,12 +48,3 @@ def test_adamw_is_fused_on_cpu_and_updates_as_the_default_does():
         torch.testing.assert_close(pa, pb)
     assert not can_fuse([torch.zeros(2, dtype=torch.int64)])
 
-
-def test_freed_memory_is_kept_on_glibc():
-    import platform
-
-    from trainer.device import keep_freed_memory
-
-    if platform.libc_ver()[0] != "glibc":
-        pytest.skip("glibc only")
-    assert keep_freed_memory() is True
