@@ -77,10 +77,11 @@ def run_one(impl: str, world: int, out: Path, data: Path, a) -> dict:
     t0 = time.perf_counter()
     if impl == "trainer":
         launch(["-m", "trainer", "--data", str(data), "--out", f"{out}/node{{node}}", *common,
-                "--timing-warmup-steps", str(a.warmup), "--log-every", "1000"], world)
+                "--timing-warmup-steps", str(a.warmup), "--log-every", "1000",
+                *a.trainer_args.split()], world)
         s = json.loads((out / "node0" / "summary.json").read_text())
         keys = ("tokens_per_sec", "step_ms_p50", "allreduce_ms_p50", "comm_compute_ratio", "loss_last", "mfu",
-                "peak_flops")
+                "peak_flops_per_rank")
         res = {k: s.get(k) for k in keys}
     else:
         launch([str(REPO / "bench" / "textbook_ddp.py"), "--data", str(data), *common[:-2],
@@ -99,6 +100,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians with min-max are kept")
     ap.add_argument("--name", default="trainer_scaling", help="result files: bench/results/NAME.json/.png")
+    ap.add_argument("--trainer-args", default="", help="extra trainer flags, e.g. '--compile'")
     a = ap.parse_args()
     if a.rounds < 3:
         sys.exit(f"ddplab: error: --rounds {a.rounds}: at least 3 rounds are needed for a median and spread")
@@ -152,7 +154,7 @@ def main():
                           "loadavg_start": load0, "loadavg_end": os.getloadavg()},
               "model": {"depth": a.depth, "n_embd": a.depth * 64, "params": param_count(gc),
                         "seq_len": a.seq_len, "batch_size": a.batch_size, "steps": a.steps,
-                        "timing_warmup_steps": a.warmup,
+                        "timing_warmup_steps": a.warmup, "trainer_args": a.trainer_args,
                         "threads_per_rank": 1},
               "rounds": a.rounds, "rows": rows}
     print(f"\nmodel depth {a.depth}, {param_count(gc):,} params, seq {a.seq_len}, batch {a.batch_size}/rank, "
