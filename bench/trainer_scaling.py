@@ -91,6 +91,28 @@ def run_one(impl: str, world: int, out: Path, data: Path, a) -> dict:
     return res
 
 
+def rows_from_runs(runs: dict[tuple[str, int], list[dict]]) -> list[dict]:
+    """One row per (impl, ranks) from its runs, one per round in round order: medians with min-max; the
+    speed-up over 1 rank and the ratio to the textbook loop are taken within each round."""
+    rows = []
+    for impl, world in runs:
+        rs = runs[(impl, world)]
+        tps = [r["tokens_per_sec"] for r in rs]
+        row = {"impl": impl, "ranks": world, "tokens_per_sec": median(tps),
+               "tokens_per_sec_spread": spread(tps), "step_ms_p50": median([r["step_ms_p50"] for r in rs])}
+        one = [r1["tokens_per_sec"] for r1 in runs[(impl, 1)]]
+        row["speedup_vs_1rank"] = spread([t / o for t, o in zip(tps, one, strict=True)])
+        row["scaling_efficiency"] = row["speedup_vs_1rank"]["median"] / world
+        tb = [r["tokens_per_sec"] for r in runs[("textbook", world)]]
+        row["vs_textbook"] = spread([t / b for t, b in zip(tps, tb, strict=True)])
+        if impl == "trainer":
+            row["allreduce_ms_p50"] = median([r.get("allreduce_ms_p50") or 0.0 for r in rs])
+            mfu = [r["mfu"] for r in rs if r.get("mfu") is not None]
+            row["mfu"] = spread(mfu) if mfu else None
+        rows.append(row)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--depth", type=int, default=6, help="width 64*depth (6: 384, ~10.8M parameters)")
@@ -130,23 +152,7 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    rows = []
-    for impl, world in configs:
-        rs = runs[(impl, world)]
-        tps = [r["tokens_per_sec"] for r in rs]
-        row = {"impl": impl, "ranks": world, "tokens_per_sec": median(tps),
-               "tokens_per_sec_spread": spread(tps), "step_ms_p50": median([r["step_ms_p50"] for r in rs])}
-        # the same round's 1-rank run: scaling measured within a round
-        one = [r1["tokens_per_sec"] for r1 in runs[(impl, 1)]]
-        row["speedup_vs_1rank"] = spread([t / o for t, o in zip(tps, one, strict=True)])
-        row["scaling_efficiency"] = row["speedup_vs_1rank"]["median"] / world
-        tb = [r["tokens_per_sec"] for r in runs[("textbook", world)]]
-        row["vs_textbook"] = spread([t / b for t, b in zip(tps, tb, strict=True)])
-        if impl == "trainer":
-            row["allreduce_ms_p50"] = median([r["allreduce_ms_p50"] or 0.0 for r in rs])
-            mfu = [r["mfu"] for r in rs if r.get("mfu") is not None]
-            row["mfu"] = spread(mfu) if mfu else None
-        rows.append(row)
+    rows = rows_from_runs(runs)
     import torch
 
     gc = GPTConfig(seq_len=a.seq_len, n_layer=a.depth, n_embd=a.depth * 64, n_head=max(1, a.depth))
