@@ -227,7 +227,7 @@ def decide(trials: list[list[dict]], tokens_per_step: int, margin: float = AUTO_
              f"{s['step_ms_max']:.0f}] ms over {s['steps']} rounds, compute {s['compute_ms']:.0f} ms, "
              f"all-reduce {s['allreduce_ms']:.0f} ms, alpha {s['alpha']}, "
              f"{s['allreduce_bytes'] / 1e6:.2f} MB/step)" for c, s in stats.items()]
-    tests = [f"{c} vs {j['vs']} +{j['gain']:.1%} (spread {j['spread']:.1%})" for c, j in judged.items()]
+    tests = [f"{c} vs {j['vs']} {j['gain']:+.1%} (spread {j['spread']:.1%})" for c, j in judged.items()]
     gain_best = stats[best]["tokens_per_sec"] / base
     why = (" | ".join(parts) + f" -> {best}: {gain_best:.2f}x the tokens/s of fp32 (" + "; ".join(tests) +
            f"; a lossier option must gain more than {margin:.0%} and more than the spread)")
