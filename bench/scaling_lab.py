@@ -51,18 +51,18 @@ SIZES = {
     # the same model with 4x the tokens per step (4,096 per rank): the all-reduce is the same 43 MB, the
     # compute 4x longer; shows how the answer to "is a second machine worth it" depends on the batch
     "small-b32": {"model": ["--depth", "6", "--n-embd", "384", "--n-head", "6", "--seq-len", "128",
-                            "--batch-size", "32", "--auto-trial-steps", "2"], "steps": 10, "warmup": 2,
-                  "comms": ["fp32", "auto"], "auto_steps": 16, "repeat": 3},
+                            "--batch-size", "32", "--auto-trial-steps", "3"], "steps": 10, "warmup": 2,
+                  "comms": ["fp32", "auto"], "auto_steps": 18, "repeat": 3},
     # the field notes' 126M-like d8 shape: depth 8, width 1152 (128M parameters, 512 MB of fp32 gradients)
     "large": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
-                        "--batch-size", "4", "--lr", "1e-3", "--auto-trial-steps", "2"],
+                        "--batch-size", "4", "--lr", "1e-3", "--auto-trial-steps", "3"],
               "steps": 6, "warmup": 1,
-              "comms": ["fp32", "auto"], "auto_steps": 12, "repeat": 3},
+              "comms": ["fp32", "auto"], "auto_steps": 15, "repeat": 3},
     # the same model with one sequence per rank: a step's compute (~2.5 s on one core here) is shorter than
     # its fp32 all-reduce at 1 Gbit/s (512 MB: >= 4.1 s), the communication-bound case of the field notes
     "large-b1": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
-                           "--batch-size", "1", "--lr", "1e-3", "--auto-trial-steps", "2"],
-                 "steps": 6, "warmup": 1, "comms": ["fp32", "auto"], "auto_steps": 12, "repeat": 3},
+                           "--batch-size", "1", "--lr", "1e-3", "--auto-trial-steps", "3"],
+                 "steps": 6, "warmup": 1, "comms": ["fp32", "auto"], "auto_steps": 15, "repeat": 3},
     # large-b1 in the low-communication mode: one fp32 parameter sync per 16 steps (local16) against the
     # per-step fp32 all-reduce, the same 16 steps each, so their losses are at equal tokens
     "large-b1-local": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",

@@ -19,12 +19,14 @@ trainer's `CommTimer` and counts the bytes each rank really hands to the all-red
 fp32, half of it for bf16/fp16, P + Q + uncompressed vectors for PowerSGD (from the PowerSGD state's
 own count of elements after compression).
 
-`--comm auto` (world size > 1): after `max(1, --timing-warmup-steps)` fp32 warm-up steps, every rank runs
-`--auto-trial-steps` steps with each candidate in `AUTO_CANDIDATES`, in lock-step (the option of a
-step depends only on its number). The first step of each trial is not measured (PowerSGD allocates and
-orthogonalises then). Rank 0 gathers every rank's measurements, picks the option with the most tokens/s
-(a lossier option must beat the less lossy one by more than `AUTO_MARGIN`, so noise does not buy
-accuracy loss), logs one line with the numbers and broadcasts the choice; every rank then switches.
+`--comm auto` (world size > 1): after `max(1, --timing-warmup-steps)` fp32 warm-up steps, one untimed
+first step for each lossy candidate (PowerSGD allocates and orthogonalises then), then `--auto-trial-steps`
+rounds (>= 3) in which every candidate in `AUTO_CANDIDATES` runs one timed step, the order rotated each
+round, so a busy moment on a node does not land on one option only. Every rank follows the same plan
+(the option of a step depends only on its number). Rank 0 gathers every rank's measurements and
+`decide` (a pure function) picks; it logs one line with the numbers and broadcasts the choice; every
+rank then switches. When PowerSGD is not chosen, its state (error feedback: one copy of the gradients)
+is freed.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ OPTIONS = ("fp32", "bf16", "fp16", "powersgd")
 # tried by --comm auto, from the most to the least exact; fp16 is left out: it sends the same bytes as
 # bf16 (so it cannot be faster) and its narrow range can overflow large gradients.
 AUTO_CANDIDATES = ("fp32", "bf16", "powersgd")
-# a lossier option is chosen only when it gives more than this many times the tokens/s of a more exact one
+# a lossier option is chosen only when its median speed-up over a more exact one is above this floor and
+# above the measured spread of that speed-up (max - min of the per-round ratios): noise buys no accuracy loss
 AUTO_MARGIN = 0.05
 
 
@@ -54,21 +57,23 @@ class GradComm:
         self.tokens_per_step = cfg.tokens_per_rank_step * world_size
         self.current = "fp32" if cfg.comm == "auto" else cfg.comm
         self.installed = False
-        self.psgd = PowerSGDState(process_group=process_group, matrix_approximation_rank=cfg.powersgd_rank,
-                                  start_powerSGD_iter=cfg.powersgd_start_step,
-                                  warm_start=cfg.powersgd_warm_start, use_error_feedback=True,
-                                  random_seed=cfg.seed)
+        self.psgd_settings = {"rank": cfg.powersgd_rank, "warm_start": cfg.powersgd_warm_start,
+                              "start_step": cfg.powersgd_start_step}
+        # only a run that may compress with PowerSGD holds its state (error feedback as large as the grads)
+        self.psgd = (PowerSGDState(process_group=process_group, matrix_approximation_rank=cfg.powersgd_rank,
+                                   start_powerSGD_iter=cfg.powersgd_start_step,
+                                   warm_start=cfg.powersgd_warm_start, use_error_feedback=True,
+                                   random_seed=cfg.seed)
+                     if cfg.comm == "powersgd" or (cfg.comm == "auto" and world_size > 1) else None)
         self.process_group = process_group
         self._psgd_prev = None  # the previous bucket's PowerSGD future (see _hook)
         self.plan: list[str] = []
+        self._round: list[int | None] = []  # the trial round of each planned step (None: not timed)
         self.decision: dict | None = None
         self._trial: list[dict] = []
         self._first = None  # first step of this process (0-based; > 0 after --resume)
         if cfg.comm == "auto" and world_size > 1:
-            warm = max(1, cfg.timing_warmup_steps)
-            self.plan = ["fp32"] * warm + [c for c in AUTO_CANDIDATES for _ in range(cfg.auto_trial_steps)]
-            self.trial_steps = cfg.auto_trial_steps
-            self._warm = warm
+            self.plan, self._round = trial_plan(max(1, cfg.timing_warmup_steps), cfg.auto_trial_steps)
 
     # --- the hook -----------------------------------------------------------------------------------
     def install(self, ddp_model) -> None:
@@ -132,12 +137,10 @@ class GradComm:
         if not self.plan or self.decision is not None:
             return
         i = step - self._first
-        if i >= self._warm:
-            k = (i - self._warm) % self.trial_steps  # position inside this option's trial
-            if k > 0 or self.trial_steps == 1:
-                self._trial.append({"comm": self.current, "dt_ms": rec["dt_ms"],
-                                    "compute_ms": rec["compute_ms"], "allreduce_ms": rec["allreduce_ms"],
-                                    "bytes": rec["allreduce_bytes"]})
+        if self._round[i] is not None:
+            self._trial.append({"comm": self.current, "round": self._round[i], "dt_ms": rec["dt_ms"],
+                                "compute_ms": rec["compute_ms"], "allreduce_ms": rec["allreduce_ms"],
+                                "bytes": rec["allreduce_bytes"]})
         if i == len(self.plan) - 1:
             self._decide()
 
@@ -148,49 +151,85 @@ class GradComm:
             decision = decide(trials, self.tokens_per_step)
         self.decision = D.broadcast_object(decision)
         self.current = self.decision["choice"]
+        if self.current != "powersgd" and self.psgd is not None:
+            if self._psgd_prev is not None:
+                self._psgd_prev.wait()
+            self.psgd, self._psgd_prev = None, None  # its error feedback and factors go with it
         self.log("ddplab: comm auto: " + self.decision["why"])
 
     def summary(self) -> dict:
         out = {"comm": self.requested, "comm_chosen": self.current if self.installed else "none",
                "comm_auto": self.decision, "comm_timing_skip_steps": self.timing_skip}
         if "powersgd" in (self.requested, self.current) or self.plan:
-            out["powersgd"] = {"rank": self.psgd.matrix_approximation_rank,
-                               "warm_start": self.psgd.warm_start,
-                               "start_step": self.psgd.start_powerSGD_iter}
+            out["powersgd"] = dict(self.psgd_settings)
         return out
 
 
-def decide(trials: list[list[dict]], tokens_per_step: int, margin: float = AUTO_MARGIN) -> dict:
-    """Pick an option from every rank's trial steps (a pure function: same input, same choice).
+def trial_plan(warm: int, rounds: int) -> tuple[list[str], list[int | None]]:
+    """The option of every step of the auto trial, and its round (None: not timed).
 
-    A step's time is the slowest rank's (ranks wait for each other in the all-reduce); tokens/s of an
-    option = tokens per step / mean of those step times; alpha = sum all-reduce ms / sum compute ms.
+    `warm` fp32 steps, one untimed first step of each lossy candidate, then `rounds` rounds of one timed
+    step per candidate, the order rotated by one each round."""
+    plan = ["fp32"] * warm + list(AUTO_CANDIDATES[1:])
+    rnd: list[int | None] = [None] * len(plan)
+    n = len(AUTO_CANDIDATES)
+    for r in range(rounds):
+        plan += [AUTO_CANDIDATES[(r + k) % n] for k in range(n)]
+        rnd += [r] * n
+    return plan, rnd
+
+
+def _median(v: list[float]) -> float:
+    v = sorted(v)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+
+def decide(trials: list[list[dict]], tokens_per_step: int, margin: float = AUTO_MARGIN) -> dict:
+    """Pick an option from every rank's timed trial steps (a pure function: same input, same choice).
+
+    A step's time is the slowest rank's (ranks wait for each other in the all-reduce). Per option: the
+    median step time over the rounds -> tokens/s; alpha = sum all-reduce ms / sum compute ms. A lossier
+    option replaces the current pick only when, over the rounds both ran, its median speed-up (the
+    pick's step time / its own, within each round) is above `margin` and above the spread of those
+    per-round speed-ups (max - min): a gain the noise of the trial could explain buys no accuracy loss.
     """
     options = [c for c in AUTO_CANDIDATES if any(t["comm"] == c for t in trials[0])]
+    step: dict[str, dict[int, float]] = {}  # option -> round -> slowest rank's step ms
     stats = {}
     for c in options:
         per_rank = [[t for t in rank if t["comm"] == c] for rank in trials]
-        n = min(len(r) for r in per_rank)
-        dts = [max(r[k]["dt_ms"] for r in per_rank) for k in range(n)]
-        comp = sum(t["compute_ms"] for r in per_rank for t in r[:n])
-        ar = sum(t["allreduce_ms"] for r in per_rank for t in r[:n])
-        step_ms = sum(dts) / n
+        rounds = sorted(set.intersection(*({t["round"] for t in r} for r in per_rank)))
+        step[c] = {k: max(t["dt_ms"] for r in per_rank for t in r if t["round"] == k) for k in rounds}
+        comp = sum(t["compute_ms"] for r in per_rank for t in r)
+        ar = sum(t["allreduce_ms"] for r in per_rank for t in r)
+        n = sum(len(r) for r in per_rank)
+        step_ms = _median(list(step[c].values()))
         stats[c] = {"tokens_per_sec": round(tokens_per_step / (step_ms / 1e3), 2),
-                    "step_ms": round(step_ms, 1),
-                    "compute_ms": round(comp / n / len(per_rank), 1),
-                    "allreduce_ms": round(ar / n / len(per_rank), 1),
+                    "step_ms": round(step_ms, 1), "step_ms_min": round(min(step[c].values()), 1),
+                    "step_ms_max": round(max(step[c].values()), 1),
+                    "compute_ms": round(comp / n, 1), "allreduce_ms": round(ar / n, 1),
                     "alpha": round(ar / comp, 3) if comp > 0 else None,
-                    "allreduce_bytes": per_rank[0][0]["bytes"], "steps": n}
-    best = options[0]
+                    "allreduce_bytes": per_rank[0][-1]["bytes"], "steps": len(step[c])}
+
+    def gain(c: str, base: str) -> tuple[float, float]:
+        """Median and spread (max - min) of base's step time / c's, round by round."""
+        ratios = [step[base][k] / step[c][k] for k in step[c] if k in step[base]]
+        return _median(ratios) - 1, max(ratios) - min(ratios)
+
+    best, judged = options[0], {}
     for c in options[1:]:
-        if stats[c]["tokens_per_sec"] > stats[best]["tokens_per_sec"] * (1 + margin):
+        g, spread = gain(c, best)
+        judged[c] = {"vs": best, "gain": round(g, 3), "spread": round(spread, 3)}
+        if g > margin and g > spread:
             best = c
     base = stats.get("fp32", stats[best])["tokens_per_sec"]
-    parts = [f"{c} {s['tokens_per_sec']:.1f} tok/s (step {s['step_ms']:.0f} ms, "
-             f"compute {s['compute_ms']:.0f} ms, all-reduce {s['allreduce_ms']:.0f} ms, alpha {s['alpha']}, "
+    parts = [f"{c} {s['tokens_per_sec']:.1f} tok/s (step {s['step_ms']:.0f} [{s['step_ms_min']:.0f}-"
+             f"{s['step_ms_max']:.0f}] ms over {s['steps']} rounds, compute {s['compute_ms']:.0f} ms, "
+             f"all-reduce {s['allreduce_ms']:.0f} ms, alpha {s['alpha']}, "
              f"{s['allreduce_bytes'] / 1e6:.2f} MB/step)" for c, s in stats.items()]
-    gain = stats[best]["tokens_per_sec"] / base
-    why = (" | ".join(parts) + f" -> {best}: {gain:.2f}x the tokens/s of fp32 "
-           f"(a lossier option must gain more than {margin:.0%})")
-    return {"choice": best, "options": stats, "margin": margin, "speedup_vs_fp32": round(
-        stats[best]["tokens_per_sec"] / base, 3), "why": why}
+    tests = [f"{c} vs {j['vs']} {j['gain']:+.1%} (spread {j['spread']:.1%})" for c, j in judged.items()]
+    gain_best = stats[best]["tokens_per_sec"] / base
+    why = (" | ".join(parts) + f" -> {best}: {gain_best:.2f}x the tokens/s of fp32 (" + "; ".join(tests) +
+           f"; a lossier option must gain more than {margin:.0%} and more than the spread)")
+    return {"choice": best, "options": stats, "margin": margin, "judged": judged,
+            "speedup_vs_fp32": round(gain_best, 3), "why": why}

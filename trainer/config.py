@@ -64,7 +64,7 @@ class TrainConfig:
     powersgd_rank: int = 4
     powersgd_start_step: int = 10
     powersgd_warm_start: bool = True
-    auto_trial_steps: int = 2
+    auto_trial_steps: int = 3
     pg_timeout_s: float = 45.0
     straggler_every: int = 20
     straggler_ratio: float = 2.0
@@ -124,8 +124,8 @@ class TrainConfig:
         need(self.powersgd_rank >= 1, f"--powersgd-rank must be at least 1, got {self.powersgd_rank}")
         need(self.powersgd_start_step >= 2, f"--powersgd-start-step must be at least 2 (torch's PowerSGD "
              f"needs a plain step while DDP builds its buckets), got {self.powersgd_start_step}")
-        need(self.auto_trial_steps >= 1,
-             f"--auto-trial-steps must be at least 1, got {self.auto_trial_steps}")
+        need(self.auto_trial_steps >= 3, f"--auto-trial-steps must be at least 3 (a median and a spread "
+             f"per option), got {self.auto_trial_steps}")
         need(self.straggler_every >= 0, "--straggler-every must be >= 0 (0: no straggler check)")
         need(self.straggler_ratio > 1, f"--straggler-ratio must be above 1, got {self.straggler_ratio}")
         need(self.balance_every >= 1, f"--balance-every must be at least 1, got {self.balance_every}")
@@ -207,7 +207,7 @@ FIELD_HELP = {
     "powersgd_rank": "PowerSGD rank r: a n x m gradient travels as (n+m)*r numbers",
     "powersgd_start_step": "plain all-reduce for the first N steps before PowerSGD compresses (min 2)",
     "powersgd_warm_start": "PowerSGD reuses last step's factors (--no-powersgd-warm-start: new random ones)",
-    "auto_trial_steps": "--comm auto: steps per option in the trial (the first of each is not measured)",
+    "auto_trial_steps": "--comm auto: timed trial rounds (>= 3), one step per option each, order rotated",
     "pg_timeout_s": "process-group timeout: a rank waiting longer for a peer fails (naming it) instead of "
                     "hanging",
     "straggler_every": "every N steps the ranks compare their compute time; a slow rank gets a warning "

@@ -30,6 +30,8 @@ from trainer.device import autocast_context, banner, setup_threads
 from trainer.local_sgd import LocalSGD, crossed, gather_to_main
 from trainer.metrics import CommTimer, JsonlWriter, progress_line
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
+from trainer.optim import make_adamw
+from trainer.peak import measure_peak_flops, mfu
 from trainer.resilience import StragglerWatch, is_comm_failure, lost_peer_line
 from trainer.summary import rank_summary, run_summary
 
@@ -94,9 +96,11 @@ def run(cfg: TrainConfig) -> int:
 
     # 1. every rank checks its own input; all ranks see all results before anything is written
     mine, ds = setup_checks(cfg, di)
+    mine["peak_flops"] = measure_peak_flops()  # this rank's fp32 GEMM FLOP/s, at its thread count: for MFU
     statuses = D.all_gather_object(mine)
     agree(statuses)  # raises unless every rank opened the same data set
     hosts = [s["host"] for s in statuses]
+    peaks = [s["peak_flops"] for s in statuses]
     _PEERS[:] = [{"rank": s["rank"], "host": s["host"], "addr": s["addr"]} for s in statuses]
     dtype, why = statuses[di.rank]["dtype"], statuses[di.rank]["why"]
     if len({s["dtype"] for s in statuses}) > 1:  # auto chose bf16 on some nodes only: all use fp32
@@ -111,8 +115,7 @@ def run(cfg: TrainConfig) -> int:
     n_params = sum(p.numel() for p in raw.parameters())
     assert n_params == param_count(gcfg), "param_count() is out of date with the model"
     decay = [p for p in raw.parameters() if p.dim() >= 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}], lr=cfg.lr,
-                            betas=(0.9, 0.95), eps=1e-8)
+    opt = make_adamw(decay, cfg.lr, cfg.weight_decay)
     shares = ShareController(cfg.batch_size * cfg.grad_accum * di.world_size, di.world_size,
                              cfg.balance_every, cfg.balance_damping)
     loader = (SharedStreamLoader(ds, di.rank, cfg.seq_len) if cfg.balance
@@ -225,7 +228,8 @@ def run(cfg: TrainConfig) -> int:
                "compute_ms": dt * 1e3 - c["exposed_ms"], "allreduce_ms": c["allreduce_ms"],
                "exposed_ms": c["exposed_ms"], "allreduce_bytes": c["allreduce_bytes"],
                "buckets": c["buckets"], "comm": option, "epoch": pos["epoch"], "row_group": rg,
-               "share": mine, "wait_ms": c["exposed_ms"], "synced": synced}
+               "share": mine, "wait_ms": c["exposed_ms"], "synced": synced,
+               "mfu": mfu(flops_per_token(gcfg), tokens_per_step / dt, peaks)}
         if local:
             rec["sync_ms"] = c["allreduce_ms"]
         if not math.isfinite(loss_sum):
@@ -278,7 +282,8 @@ def run(cfg: TrainConfig) -> int:
                  "tokens_per_step": tokens_per_step, "torch_version": torch.__version__, "dtype": dtype,
                  "dtype_why": why, "threads": threads, "hosts": hosts, "data_digest": ds.digest,
                  **comm.summary(), "bucket_cap_mb": cfg.bucket_cap_mb,
-                 "flops_per_token": flops_per_token(gcfg), "mfu": None,  # no known peak FLOP/s for a CPU
+                 "flops_per_token": flops_per_token(gcfg), "peak_flops_per_rank": peaks,
+                 "mfu": mfu(flops_per_token(gcfg), per_rank[0].get("tokens_per_sec"), peaks),
                  "est_memory_bytes_per_rank": mem,
                  "balance": shares.state_dict() if cfg.balance else None,
                  # the mode: H = 1 all-reduces gradients every step; H > 1 is local SGD / DiLoCo

@@ -7,7 +7,7 @@ import pytest
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
 from tests.helpers.trainer_runs import TINY, read_jsonl, torchrun, trainer
-from trainer.comm import AUTO_CANDIDATES, decide
+from trainer.comm import AUTO_CANDIDATES, GradComm, decide, trial_plan
 from trainer.model import GPT, GPTConfig
 
 STEPS = 10
@@ -15,7 +15,8 @@ PSGD_RANK, PSGD_START = 2, 3
 # several buckets (the model's 328 KB of gradients in 0.1 MiB buckets): PowerSGD on gloo hung with
 # more than one bucket in flight before trainer/comm.py ran one bucket's chain at a time
 ARGS = ["--steps", STEPS, *TINY, "--powersgd-rank", PSGD_RANK, "--powersgd-start-step", PSGD_START,
-        "--timing-warmup-steps", 1, "--auto-trial-steps", 2, "--bucket-cap-mb", 0.1, "--pg-timeout-s", 30]
+        "--timing-warmup-steps", 1, "--auto-trial-steps", 3, "--bucket-cap-mb", 0.1, "--pg-timeout-s", 30]
+AUTO_STEPS = 16  # 1 warm-up + 2 untimed first steps + 3 rounds x 3 options = 12 trial steps, then 4
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,8 @@ def runs(shards, tmp_path_factory):
     done = {}
     for comm in ("fp32", "bf16", "fp16", "powersgd", "auto"):
         out = tmp_path_factory.mktemp(f"comm_{comm}") / "out"
-        r = torchrun(["--data", shards, "--out", out, "--comm", comm, *ARGS])
+        steps = ["--steps", AUTO_STEPS] if comm == "auto" else []
+        r = torchrun(["--data", shards, "--out", out, "--comm", comm, *ARGS, *steps])
         assert r.returncode == 0, f"--comm {comm}: {r.stderr[-3000:]}"
         done[comm] = (out, r)
     return done
@@ -87,15 +89,17 @@ def test_auto_tries_each_candidate_in_lockstep_then_keeps_its_choice(runs):
     s = summary(out)
     choice = s["comm_chosen"]
     assert choice in AUTO_CANDIDATES and s["comm_auto"]["choice"] == choice
-    plan = ["fp32"] + [c for c in AUTO_CANDIDATES for _ in range(2)]
+    plan = ["fp32", "bf16", "powersgd"] + ["fp32", "bf16", "powersgd", "bf16", "powersgd", "fp32",
+                                           "powersgd", "fp32", "bf16"]
     seqs = [[rec["comm"] for rec in read_jsonl(out / f"metrics.rank{k}.jsonl")] for k in (0, 1)]
-    assert seqs[0] == seqs[1] == plan + [choice] * (STEPS - len(plan))
+    assert seqs[0] == seqs[1] == plan + [choice] * (AUTO_STEPS - len(plan))
+    assert all(o["steps"] == 3 for o in s["comm_auto"]["options"].values())
     why = [ln for ln in r.stdout.splitlines() if ln.startswith("ddplab: comm auto: ")]
     assert len(why) == 1 and f"-> {choice}:" in why[0]
     for c in AUTO_CANDIDATES:
         assert f"{c} " in why[0] and c in s["comm_auto"]["options"]
     # the run's timing leaves the trial out: only steps with the chosen option count
-    assert summary(out, 0)["timed_steps"] == STEPS - len(plan)
+    assert summary(out, 0)["timed_steps"] == AUTO_STEPS - len(plan)
     assert s["comm_timing_skip_steps"] == len(plan)
 
 
@@ -107,23 +111,46 @@ def test_auto_alone_is_plain_training(shards, tmp_path):
 
 
 def trial(comm, dts, compute=80.0, allreduce=10.0, nbytes=1000):
-    return [{"comm": comm, "dt_ms": dt, "compute_ms": compute, "allreduce_ms": allreduce, "bytes": nbytes}
-            for dt in dts]
+    """One rank's timed steps of one option, one per round."""
+    return [{"comm": comm, "round": k, "dt_ms": dt, "compute_ms": compute, "allreduce_ms": allreduce,
+             "bytes": nbytes} for k, dt in enumerate(dts)]
 
 
 def test_decide_prefers_the_most_exact_option_unless_a_lossier_one_is_clearly_faster():
-    ranks = [trial("fp32", [100, 100]) + trial("bf16", [97, 97]) + trial("powersgd", [70, 70])]
+    ranks = [trial("fp32", [100, 101, 99]) + trial("bf16", [97, 98, 96]) + trial("powersgd", [70, 71, 69])]
     d = decide(ranks, tokens_per_step=1000)
     assert d["choice"] == "powersgd" and d["speedup_vs_fp32"] == pytest.approx(100 / 70, rel=1e-3)
-    ranks = [trial("fp32", [100, 100]) + trial("bf16", [97, 97]) + trial("powersgd", [98, 98])]
-    assert decide(ranks, tokens_per_step=1000)["choice"] == "fp32"  # 3 % is noise, not worth the loss
-    ranks = [trial("fp32", [100]) + trial("bf16", [80]) + trial("powersgd", [78])]
+    ranks = [trial("fp32", [100] * 3) + trial("bf16", [97] * 3) + trial("powersgd", [98] * 3)]
+    assert decide(ranks, tokens_per_step=1000)["choice"] == "fp32"  # 3 % is below the margin
+    ranks = [trial("fp32", [100] * 3) + trial("bf16", [80] * 3) + trial("powersgd", [78] * 3)]
     assert decide(ranks, tokens_per_step=1000)["choice"] == "bf16"  # powersgd only 2.5 % over bf16
 
 
+def test_decide_keeps_fp32_when_the_gain_is_within_the_measured_spread():
+    # bf16 is 20 % faster in the median round, but one round says 10 % slower: the rounds disagree by more
+    # than the gain, so the trial cannot tell the options apart
+    ranks = [trial("fp32", [100, 100, 100]) + trial("bf16", [83.3, 111, 80]) + trial("powersgd", [150] * 3)]
+    d = decide(ranks, tokens_per_step=1000)
+    assert d["choice"] == "fp32"
+    assert d["judged"]["bf16"]["gain"] == pytest.approx(0.2, abs=0.01)
+    assert d["judged"]["bf16"]["spread"] > d["judged"]["bf16"]["gain"]
+    assert "spread" in d["why"]
+    # the same median gain with consistent rounds is taken
+    ranks = [trial("fp32", [100, 100, 100]) + trial("bf16", [83.3, 85, 80]) + trial("powersgd", [150] * 3)]
+    assert decide(ranks, tokens_per_step=1000)["choice"] == "bf16"
+
+
+def test_decide_compares_options_round_by_round():
+    # the machine slows down in round 2 for every option: within-round ratios stay steady (+25 %)
+    ranks = [trial("fp32", [100, 200, 100]) + trial("bf16", [80, 160, 80]) + trial("powersgd", [300] * 3)]
+    d = decide(ranks, tokens_per_step=1000)
+    assert d["choice"] == "bf16" and d["judged"]["bf16"]["spread"] == pytest.approx(0, abs=1e-3)
+    assert d["options"]["fp32"]["step_ms"] == 100 and d["options"]["fp32"]["step_ms_max"] == 200
+
+
 def test_decide_uses_the_slowest_rank_and_reports_alpha():
-    fast = trial("fp32", [100]) + trial("bf16", [60]) + trial("powersgd", [90])
-    slow = trial("fp32", [100]) + trial("bf16", [150], allreduce=60) + trial("powersgd", [90])
+    fast = trial("fp32", [100] * 3) + trial("bf16", [60] * 3) + trial("powersgd", [90] * 3)
+    slow = trial("fp32", [100] * 3) + trial("bf16", [150] * 3, allreduce=60) + trial("powersgd", [90] * 3)
     d = decide([fast, slow], tokens_per_step=500)
     assert d["choice"] == "powersgd"
     assert d["options"]["bf16"]["tokens_per_sec"] == pytest.approx(500 / 0.150, rel=1e-3)
@@ -131,10 +158,34 @@ def test_decide_uses_the_slowest_rank_and_reports_alpha():
     assert "-> powersgd:" in d["why"]
 
 
+def test_trial_plan_rotates_the_order_and_times_only_the_rounds():
+    plan, rounds = trial_plan(warm=2, rounds=3)
+    assert plan[:4] == ["fp32", "fp32", "bf16", "powersgd"] and rounds[:4] == [None] * 4
+    timed = [(c, r) for c, r in zip(plan, rounds, strict=True) if r is not None]
+    assert [c for c, _ in timed[:3]] == ["fp32", "bf16", "powersgd"]
+    assert [c for c, _ in timed[3:6]] == ["bf16", "powersgd", "fp32"]
+    for c in AUTO_CANDIDATES:
+        assert sorted(r for o, r in timed if o == c) == [0, 1, 2]
+
+
+def test_powersgd_state_only_when_it_may_be_used():
+    from trainer.config import parse_config
+    from trainer.metrics import CommTimer
+
+    def comm(*flags, world=2):
+        return GradComm(parse_config(["--data", "d", "--out", "o", *flags]), world, CommTimer())
+
+    assert comm().psgd is None and comm("--comm", "bf16").psgd is None
+    assert comm("--comm", "auto", world=1).psgd is None
+    assert comm("--comm", "powersgd").psgd is not None and comm("--comm", "auto").psgd is not None
+    assert comm().summary()["comm"] == "fp32"
+
+
 @pytest.mark.parametrize("flags, needle", [
     (["--powersgd-rank", "0"], "--powersgd-rank"),
     (["--powersgd-start-step", "1"], "--powersgd-start-step"),
     (["--auto-trial-steps", "0"], "--auto-trial-steps"),
+    (["--auto-trial-steps", "2"], "--auto-trial-steps"),
 ])
 def test_bad_comm_settings_are_refused(flags, needle):
     from trainer.config import UsageError, parse_config
@@ -183,3 +234,22 @@ def test_powersgd_resumes_from_a_checkpoint_with_fresh_compression_state(shards,
     plain = [x for x in recs if x["step"] <= 5 + PSGD_START]  # PowerSGD's own warm-up, as at the start
     assert plain and all(x["allreduce_bytes"] == recs[0]["allreduce_bytes"] for x in plain)
     assert all(x["allreduce_bytes"] < plain[0]["allreduce_bytes"] for x in recs if x["step"] > 5 + PSGD_START)
+
+
+@pytest.mark.parametrize("ms, choice", [({"fp32": 100, "bf16": 99, "powersgd": 98}, "fp32"),
+                                        ({"fp32": 100, "bf16": 99, "powersgd": 50}, "powersgd")])
+def test_the_auto_schedule_decides_from_its_rounds_and_frees_powersgd_unless_chosen(ms, choice):
+    """The real schedule fed hand-made step times (one process: the gathers are local)."""
+    from trainer.config import parse_config
+    from trainer.metrics import CommTimer
+
+    cfg = parse_config(["--data", "d", "--out", "o", "--comm", "auto", "--timing-warmup-steps", "2"])
+    gc = GradComm(cfg, 2, CommTimer(), log=lambda line: None)
+    for step in range(len(gc.plan) + 2):
+        option = gc.before_step(step)
+        gc.after_step(step, {"dt_ms": ms[option], "compute_ms": 80.0, "allreduce_ms": 10.0,
+                             "allreduce_bytes": 1000})
+    assert gc.decision["choice"] == gc.current == choice
+    assert all(o["steps"] == 3 for o in gc.decision["options"].values())
+    assert (gc.psgd is None) == (choice != "powersgd")
+    assert gc.summary()["powersgd"] == {"rank": 4, "warm_start": True, "start_step": 10}
