@@ -124,12 +124,11 @@ def wait_all(works) -> None:
             w.wait()
 
 
-def all_reduce_sum(t: torch.Tensor, async_op: bool = False):
-    """`t` summed over the ranks, in place (unchanged on world size 1); with async_op the Work to wait
-    on (None on world size 1)."""
-    if not _INFO.is_distributed:
-        return None
-    return dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=async_op)
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over the ranks, in place (unchanged on world size 1)."""
+    if _INFO.is_distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
 
 
 def all_gather_object(obj) -> list:

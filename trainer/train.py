@@ -224,19 +224,16 @@ def run(cfg: TrainConfig) -> int:
                     loss = scale(model(x, y))
                 loss.backward()
             loss_sum += part(loss.item())  # this rank's mean loss
-        synced = not local or lsgd.due(step + 1)
-        # the loss over all ranks, weighted by each rank's sequences; on log steps, the first and the last
-        # (not between syncs in local mode: it would make every rank wait for the others), overlapped with
-        # the optimizer step
-        want_mean = (step + 1) % cfg.log_every == 0 or step + 1 in (1, cfg.steps)
-        mean_buf = torch.tensor([loss_sum * mine, mine], dtype=torch.float64)
-        mean_work = D.all_reduce_sum(mean_buf, async_op=True) if want_mean and synced else None
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if mean_work is not None:
-            mean_work.wait()
+        synced = not local or lsgd.due(step + 1)
+        # the loss over all ranks, weighted by each rank's sequences: one 2-number all-reduce on log steps,
+        # the first and the last (not between local-SGD syncs: it would make the ranks wait for each other)
+        want_mean = synced and ((step + 1) % cfg.log_every == 0 or step + 1 in (1, cfg.steps))
+        if want_mean:
+            mean_buf = D.all_reduce_sum(torch.tensor([loss_sum * mine, mine], dtype=torch.float64))
         sync = lsgd.sync() if local and synced else None
         dt = time.perf_counter() - t0
         c = timer.step_stats()
@@ -252,7 +249,7 @@ def run(cfg: TrainConfig) -> int:
                "share": mine, "wait_ms": c["exposed_ms"], "synced": synced}
         if local:
             rec["sync_ms"] = c["allreduce_ms"]
-        if want_mean and synced:
+        if want_mean:
             rec["loss_mean"] = float(mean_buf[0] / mean_buf[1])
         if not math.isfinite(loss_sum):
             raise RuntimeError(f"loss is {loss_sum} at step {step + 1}; lower --lr")
