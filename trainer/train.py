@@ -229,9 +229,9 @@ def run(cfg: TrainConfig) -> int:
         opt.step()
         opt.zero_grad(set_to_none=True)
         synced = not local or lsgd.due(step + 1)
-        # the loss over all ranks, weighted by each rank's sequences: one 2-number all-reduce on log steps,
-        # the first and the last (not between local-SGD syncs: it would make the ranks wait for each other)
-        want_mean = synced and ((step + 1) % cfg.log_every == 0 or step + 1 in (1, cfg.steps))
+        # the loss over all ranks, weighted by each rank's sequences: one 2-number all-reduce on the first
+        # step, log steps and the last (not between local-SGD syncs: the ranks would wait for each other)
+        want_mean = step == 0 or (synced and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps))
         if want_mean:
             mean_buf = D.all_reduce_sum(torch.tensor([loss_sum * mine, mine], dtype=torch.float64))
         sync = lsgd.sync() if local and synced else None
