@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import builtins
 import datetime
-import gc
 import os
 import socket
 from contextlib import nullcontext
@@ -80,10 +79,6 @@ def barrier():
 
 def cleanup():
     if _INFO.is_distributed and dist.is_initialized():
-        # free what still holds the group first (the DDP reducer, comm hook state; kept alive by reference
-        # cycles or an error's traceback): freed after the group, gloo aborts the process ("terminate
-        # called without an active exception", exit -6)
-        gc.collect()
         dist.destroy_process_group()
 
 
