@@ -12,6 +12,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+from ddplab import tb_export
 from ddplab.errors import DdplabError
 
 COLUMNS = [("host", "host"), ("rank", "rank"), ("exit", "exit"), ("steps", "steps"),
@@ -133,7 +134,7 @@ def _fmt(v):
 def markdown(run_dir, table, merged):
     lines = [f"# Run {Path(run_dir).name}", ""]
     for key in ("world_size", "params", "steps", "tokens_per_sec", "byte_equivalent", "torch_version",
-                "dtype", "threads", "hosts"):
+                "dtype", "threads", "hosts", "tokens_seen", "global_batch_tokens", "loss_last", "val_loss"):
         if key in merged:
             value = merged[key]
             text = ", ".join(map(str, value)) if isinstance(value, list) else _fmt(value)
@@ -160,6 +161,8 @@ def markdown(run_dir, table, merged):
         same = "identical on every node" if len(hashes) == 1 else "DIFFERS between nodes"
         git_text = "; git " + ", ".join(git) if git else ""
         lines.insert(2, f"- code: {', '.join(h[:12] for h in hashes)} ({same}){git_text}")
+    if merged.get("tensorboard"):
+        lines.append(f"- TensorBoard: `tensorboard --logdir {merged['tensorboard']}`")
     lines += [""] + (["![loss](loss.png)", ""] if merged.get("has_metrics") else [])
     return "\n".join(lines)
 
@@ -202,6 +205,11 @@ def write_report(run_dir, nodes=()):
         merged["not_collected"] = [n for n in nodes if n not in merged["collected"]]
     if code:
         merged.update(code=code, code_identical=len({c["hash"] for c in code.values()}) == 1)
+    if merged["has_metrics"] and tb_export.available():
+        merged["tensorboard"] = str(tb_export.write(run_dir, ranks))
+    elif merged["has_metrics"]:
+        print(f"ddplab: note: no TensorBoard event files (tensorboard is not installed); to get them in "
+              f"{run_dir / 'tb'}: {tb_export.INSTALL_HINT}", file=sys.stderr)
     files = {"report.md": markdown(run_dir, table, merged),
              "summary.json": json.dumps(merged, indent=2, sort_keys=True) + "\n"}
     for name, text in files.items():

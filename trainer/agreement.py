@@ -16,6 +16,8 @@ import torch
 from trainer import checkpoint
 from trainer import dist as D
 from trainer.config import TrainConfig, UsageError
+from trainer.data import heldout
+from trainer.data.heldout import ValBatches
 from trainer.data.loader import ShardLoader
 from trainer.data.shards import Dataset, open_dataset
 from trainer.device import cpu_has_bf16, resolve_dtype
@@ -42,17 +44,27 @@ def check_params_agree(model, step: int, hosts: list[str]) -> str:
     return mine
 
 
-def setup_checks(cfg: TrainConfig, di: D.DistInfo) -> tuple[dict, Dataset | None]:
-    """Everything that can go wrong with this rank's input, as a status every rank will see, and the
-    opened data set (None on an error). Opening it hashes every shard: done once per start, here."""
-    ds = None
+def setup_checks(cfg: TrainConfig, di: D.DistInfo) -> tuple[dict, Dataset | None, ValBatches | None]:
+    """Everything that can go wrong with this rank's input, as a status every rank will see, the opened
+    training set (None on an error; without the held-out row groups) and the validation batches (None:
+    no validation). Opening the set hashes every shard: done once per start, here."""
+    ds = val = None
     st = {"rank": di.rank, "host": D.hostname(), "addr": D.node_address(), "error": None,
           "bf16_units": cpu_has_bf16() if cfg.device == "cpu" else None}
     try:
         st["dtype"], st["why"] = resolve_dtype(cfg)
         ds = open_dataset(cfg.data)
         st["digest"], st["files"] = ds.digest, ds.files
-        ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)  # world size vs row groups
+        ds, held = heldout.split(ds, cfg.val_row_groups)
+        if held is not None:
+            val = heldout.ValBatches(held, cfg.batch_size, cfg.seq_len, cfg.eval_batches)
+        try:
+            ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)  # world size vs row groups
+        except UsageError as e:
+            if held is None:
+                raise
+            raise UsageError(f"{e}; {len(held.row_groups)} more are held out for validation "
+                             f"(--val-row-groups)") from None
         out = Path(cfg.out)
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out} exists and is not a folder; choose another path")
@@ -61,7 +73,7 @@ def setup_checks(cfg: TrainConfig, di: D.DistInfo) -> tuple[dict, Dataset | None
                              f"continue it, or choose a new --out")
     except UsageError as e:
         st["error"] = str(e)
-    return st, ds
+    return st, ds, val
 
 
 def agree(statuses: list[dict]) -> None:

@@ -26,10 +26,12 @@ from trainer.config import TrainConfig, UsageError
 
 _NAME = re.compile(r"^step_(\d{6,})\.pt$")
 # settings that must match between a checkpoint and the run that resumes it
+# (val_row_groups: the training stream is the row groups before the held-out ones)
 _RESUME_MUST_MATCH = ("depth", "n_embd", "n_head", "seq_len", "batch_size", "grad_accum", "steps", "balance",
-                      "sync_every", "elastic")
+                      "sync_every", "elastic", "global_batch_tokens", "val_row_groups")
 # settings added later: what a checkpoint written before them meant
-_OLD_DEFAULTS = {"balance": False, "sync_every": 1, "elastic": False}
+_OLD_DEFAULTS = {"balance": False, "sync_every": 1, "elastic": False, "global_batch_tokens": 0,
+                 "val_row_groups": 0}
 
 
 def ckpt_dir(out: str | Path) -> Path:
@@ -126,7 +128,9 @@ def resume_problem(state: dict, path, cfg: TrainConfig, data_digest: str,
                    world_size: int | None) -> str | None:
     """Why `state` cannot be resumed by this run, or None. world_size None: any (--elastic re-maps it)."""
     old = state["config"]
-    bad = [k for k in _RESUME_MUST_MATCH if old.get(k, _OLD_DEFAULTS.get(k)) != getattr(cfg, k)]
+    # --global-batch-tokens: --grad-accum follows the world size (an elastic group may differ)
+    keys = [k for k in _RESUME_MUST_MATCH if not (k == "grad_accum" and cfg.global_batch_tokens)]
+    bad = [k for k in keys if old.get(k, _OLD_DEFAULTS.get(k)) != getattr(cfg, k)]
     if bad:
         return (f"checkpoint {path} was written with " + ", ".join(
             f"--{k.replace('_', '-')} {old.get(k)}" for k in bad) + "; this run asks for " +

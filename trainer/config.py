@@ -39,12 +39,17 @@ class TrainConfig:
     steps: int = 50
     batch_size: int = 8
     grad_accum: int = 1
+    global_batch_tokens: int = 0
     lr: float = 3e-3
     min_lr_frac: float = 0.1
     lr_warmup_steps: int = 5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     seed: int = 1337
+    # --- validation (trainer/evaluate.py) ----------------------------------------------------------
+    val_row_groups: int = -1
+    eval_every_tokens: int = 0
+    eval_batches: int = 8
     # --- checkpoints, checks, logging -------------------------------------------------------------
     ckpt_every: int = 0
     ckpt_keep: int = 3
@@ -106,6 +111,17 @@ class TrainConfig:
         need(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
         need(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         need(self.grad_accum >= 1, f"--grad-accum must be at least 1, got {self.grad_accum}")
+        need(self.global_batch_tokens >= 0,
+             f"--global-batch-tokens must be >= 0 (0: --grad-accum sets it), got {self.global_batch_tokens}")
+        if self.global_batch_tokens:
+            need(self.grad_accum == 1, f"--grad-accum {self.grad_accum} with --global-batch-tokens "
+                 f"{self.global_batch_tokens}: the global batch sets the accumulation; give one of the two")
+            grad_accum_for(self, 1)  # the world-size-free part: a multiple of batch-size x seq-len
+        need(self.val_row_groups >= -1,
+             f"--val-row-groups must be >= -1 (-1: auto, 0: off), got {self.val_row_groups}")
+        need(self.eval_every_tokens >= 0,
+             f"--eval-every-tokens must be >= 0 (0: only at the end), got {self.eval_every_tokens}")
+        need(self.eval_batches >= 1, f"--eval-batches must be at least 1, got {self.eval_batches}")
         need(self.lr > 0, f"--lr must be positive, got {self.lr}")
         need(0.0 <= self.min_lr_frac <= 1.0, f"--min-lr-frac must be in [0, 1], got {self.min_lr_frac}")
         need(self.lr_warmup_steps >= 0, "--lr-warmup-steps must be >= 0")
@@ -157,6 +173,12 @@ class TrainConfig:
         need(self.sync_every == 1, f"--elastic with --sync-every {self.sync_every}: local SGD keeps per-rank "
              f"optimizer state that cannot move to another world size; use --sync-every 1")
 
+    def resolve(self, world_size: int) -> None:
+        """Settings that depend on the world size: --global-batch-tokens sets --grad-accum (again at every
+        elastic re-formation, as the world size changes)."""
+        if self.global_batch_tokens:
+            self.grad_accum = grad_accum_for(self, world_size)
+
     @property
     def tokens_per_rank_step(self) -> int:
         return self.batch_size * self.seq_len * self.grad_accum
@@ -168,6 +190,23 @@ class TrainConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def grad_accum_for(cfg: TrainConfig, world_size: int) -> int:
+    """--global-batch-tokens G as micro-steps per optimizer step: G / (batch-size x seq-len x world), as
+    nanoGPT does, so one node and N nodes take the same optimizer steps on the same number of tokens."""
+    per = cfg.batch_size * cfg.seq_len * world_size
+    g = cfg.global_batch_tokens
+    if g % per == 0:
+        return g // per
+    lo, hi = (g // per) * per, (g // per + 1) * per
+    near = f"{hi} (--grad-accum {hi // per})"
+    near = f"{lo} (--grad-accum {lo // per}) or {near}" if lo else near
+    where = f" x world size {world_size}" if world_size > 1 else ""
+    hint = (" (--elastic: a multiple of batch-size x seq-len x every group size the run may have)"
+            if cfg.elastic else "")
+    raise UsageError(f"--global-batch-tokens {g} is not a multiple of --batch-size {cfg.batch_size} x "
+                     f"--seq-len {cfg.seq_len}{where} = {per} tokens; nearest valid: {near}{hint}")
 
 
 # One help line per field: this is the documentation of each setting.
@@ -182,12 +221,20 @@ FIELD_HELP = {
     "steps": "optimizer steps in the whole run (also sets the learning-rate schedule)",
     "batch_size": "sequences per rank per micro-step",
     "grad_accum": "micro-steps per optimizer step (gradients sync only on the last, via no_sync)",
+    "global_batch_tokens": "tokens per optimizer step over all ranks; sets --grad-accum = G / (batch-size x "
+                           "seq-len x world size), so any node count takes the same steps (0: --grad-accum)",
     "lr": "peak learning rate (AdamW)",
     "min_lr_frac": "cosine decay ends at lr*min_lr_frac",
     "lr_warmup_steps": "linear learning-rate warm-up steps",
     "weight_decay": "AdamW weight decay on matrices",
     "grad_clip": "clip the global gradient norm to this (0: off)",
     "seed": "random seed (model init); the same seed gives the same losses",
+    "val_row_groups": "hold out the last N row groups of the data set (manifest order) for the validation "
+                      "loss; no training loader reads them (-1: auto, 1 in 16 row groups; 0: no validation)",
+    "eval_every_tokens": "evaluate the validation loss each time the run's global token count crosses a "
+                         "multiple of this (0: only at the end); with --sync-every > 1 at the next sync",
+    "eval_batches": "validation batches (of --batch-size sequences) in the fixed validation set, split "
+                    "over the ranks",
     "ckpt_every": "write a checkpoint every N steps on rank 0 (0: only the final one)",
     "ckpt_keep": "keep the newest N checkpoints",
     "resume": "continue from the newest valid checkpoint in OUT/ckpt (rank 0 reads, broadcasts)",

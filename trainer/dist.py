@@ -124,6 +124,13 @@ def wait_all(works) -> None:
             w.wait()
 
 
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over the ranks, in place (unchanged on world size 1)."""
+    if _INFO.is_distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
 def all_gather_object(obj) -> list:
     """Every rank's `obj`, in rank order (a one-element list on world size 1)."""
     if not _INFO.is_distributed:

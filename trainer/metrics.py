@@ -107,7 +107,10 @@ def fmt_duration(s: float) -> str:
 
 def progress_line(rec: dict, total_steps: int, eta_s: float | None) -> str:
     eta = fmt_duration(eta_s) if eta_s is not None else "?"
-    return (f"step {rec['step']:5d}/{total_steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
+    # the mean over the ranks; between local-SGD syncs only rank 0's own is known
+    loss = f"{rec['loss_mean']:.4f}" if "loss_mean" in rec else f"{rec['loss']:.4f} (rank 0)"
+    val = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
+    return (f"step {rec['step']:5d}/{total_steps} | loss {loss}{val} | lr {rec['lr']:.2e} | "
             f"dt {rec['dt_ms']:7.1f} ms | tok/s {rec['tokens_per_sec']:9,.0f} | "
             f"allreduce {rec['allreduce_ms']:6.1f} ms | eta {eta}")
 

@@ -22,6 +22,8 @@ def rank_summary(*, rank: int, host: str, records: list[dict], timing_skip: int,
     timing = summarize_steps(records, timing_skip) if records else {}
     return {"rank": rank, "host": host, "steps_run": len(records), "loss_first": loss_first,
             "loss_last": records[-1]["loss"] if records else None,
+            # the loss over every rank (weighted by share) at the last step; loss_first is that mean too
+            "loss_mean_last": records[-1].get("loss_mean") if records else None,
             "final_param_sha256": final_param_sha256, "row_groups_read": sorted(row_groups_read),
             "data_position": data_position,
             # share: sequences of the global batch this rank trained on (changes with --balance)
@@ -39,6 +41,7 @@ def run_summary(per_rank: list[dict], facts: dict) -> dict:
         **{k: first.get(k) for k in TIMING_KEYS},
         "byte_equivalent": len({r["final_param_sha256"] for r in per_rank}) == 1,
         "final_param_sha256": first["final_param_sha256"],
-        "loss_first": first["loss_first"], "loss_last": first["loss_last"],
+        "loss_first": first["loss_first"],
+        "loss_last": first["loss_last"] if first.get("loss_mean_last") is None else first["loss_mean_last"],
         "ranks": [{k: r.get(k) for k in RANK_KEYS} for r in per_rank],
     }

@@ -27,6 +27,7 @@ from trainer.data.loader import ShardLoader
 from trainer.data.shared_stream import SharedStreamLoader
 from trainer.data.tokenizer import VOCAB_SIZE
 from trainer.device import autocast_context, banner, setup_threads
+from trainer.evaluate import Evaluator
 from trainer.local_sgd import LocalSGD, crossed, gather_to_main
 from trainer.metrics import CommTimer, JsonlWriter, progress_line
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
@@ -93,9 +94,10 @@ def run(cfg: TrainConfig) -> int:
     di = D.init_distributed(cfg.device, cfg.pg_timeout_s)
     device = torch.device("cuda", di.local_rank) if cfg.device == "cuda" else torch.device("cpu")
     threads = setup_threads(cfg.threads, di.local_world_size)
+    cfg.resolve(di.world_size)  # --global-batch-tokens -> --grad-accum for this world size
 
     # 1. every rank checks its own input; all ranks see all results before anything is written
-    mine, ds = setup_checks(cfg, di)
+    mine, ds, val = setup_checks(cfg, di)
     mine["peak_flops"] = measure_peak_flops()  # this rank's fp32 GEMM FLOP/s, at its thread count: for MFU
     statuses = D.all_gather_object(mine)
     agree(statuses)  # raises unless every rank opened the same data set
@@ -127,6 +129,8 @@ def run(cfg: TrainConfig) -> int:
     lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum)
             if local else None)
     start_step, loss_first = 0, None
+    evaluator = Evaluator(val, cfg.eval_every_tokens, di.rank, di.world_size)
+    tokens_per_step = cfg.tokens_per_rank_step * di.world_size
     if cfg.elastic:  # the newest checkpoint any node holds, whatever the world size that wrote it
         resumed, membership = elastic.agree_and_load(cfg, ds.digest, node_writer)
         run_id = resumed.get("run_id", run_id) if resumed is not None else run_id  # one id across groups
@@ -147,13 +151,16 @@ def run(cfg: TrainConfig) -> int:
                              f"written with") from None
         torch.set_rng_state(resumed["rng"][one])
         start_step, loss_first = resumed["step"], resumed.get("loss_first")
+        evaluator.load_state_dict(resumed.get("val"))
     elif cfg.resume:
         D.print0(f"ddplab: no checkpoint in {checkpoint.ckpt_dir(cfg.out)}, starting at step 0")
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     resolved = cfg.to_dict() | {"run_id": run_id, "dtype_resolved": dtype, "dtype_why": why,
-                                "threads_resolved": threads, "world_size": di.world_size}
+                                "threads_resolved": threads, "world_size": di.world_size,
+                                "tokens_per_step": tokens_per_step,
+                                "val_row_groups_resolved": val.row_groups if val else 0}
     if node_writer:
         write_json(out / "config.json", resolved)
     if cfg.elastic:
@@ -166,6 +173,13 @@ def run(cfg: TrainConfig) -> int:
                   f"an outer SGD step (lr {cfg.outer_lr}, Nesterov momentum {cfg.outer_momentum}) on the "
                   f"averaged parameter change") +
                  f"; {lsgd.bytes_per_sync / 1e6:.2f} MB per sync (--allow-local-sgd)")
+    if cfg.global_batch_tokens:
+        D.print0(f"ddplab: global batch {cfg.global_batch_tokens} tokens = {cfg.batch_size} x {cfg.seq_len} "
+                 f"x {di.world_size} ranks x {cfg.grad_accum} micro-steps (--grad-accum {cfg.grad_accum})")
+    if evaluator.enabled:
+        when = f"every {cfg.eval_every_tokens} tokens and " if cfg.eval_every_tokens else ""
+        D.print0(f"ddplab: validation: {val.row_groups} held-out row groups, {val.sequences} sequences "
+                 f"({val.sequences * cfg.seq_len} tokens), evaluated {when}at the end")
     if resumed is not None:
         D.print0(f"ddplab: resumed from {resumed['path']} at step {start_step}")
 
@@ -185,12 +199,14 @@ def run(cfg: TrainConfig) -> int:
     # 3. the loop
     metrics = JsonlWriter(out / f"metrics.rank{di.rank}.jsonl",
                           keep_steps_upto=start_step if resumed is not None else None)
-    tokens_per_step = cfg.tokens_per_rank_step * di.world_size
     records: list[dict] = []
     stragglers = StragglerWatch(cfg.straggler_every, cfg.straggler_ratio, di.world_size, hosts,
                                 shares=shares if cfg.balance else None)
     final_sha = check_params_agree(raw, start_step, hosts)
     last_sync = start_step  # checks and checkpoints happen right after a sync (every step when H = 1)
+    # global tokens trained on so far (world sizes may differ across elastic groups: carried in checkpoints)
+    tokens_seen = resumed.get("tokens_seen", start_step * tokens_per_step) if resumed is not None else 0
+    tokens_at_sync = tokens_seen
     model.train()
     for step in range(start_step, cfg.steps):
         t0 = time.perf_counter()
@@ -216,6 +232,11 @@ def run(cfg: TrainConfig) -> int:
         opt.step()
         opt.zero_grad(set_to_none=True)
         synced = not local or lsgd.due(step + 1)
+        # the loss over all ranks, weighted by each rank's sequences: one 2-number all-reduce on the first
+        # step, log steps and the last (not between local-SGD syncs: the ranks would wait for each other)
+        want_mean = step == 0 or (synced and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps))
+        if want_mean:
+            mean_buf = D.all_reduce_sum(torch.tensor([loss_sum * mine, mine], dtype=torch.float64))
         sync = lsgd.sync() if local and synced else None
         dt = time.perf_counter() - t0
         c = timer.step_stats()
@@ -232,9 +253,15 @@ def run(cfg: TrainConfig) -> int:
                "mfu": mfu(flops_per_token(gcfg), tokens_per_step / dt, peaks)}
         if local:
             rec["sync_ms"] = c["allreduce_ms"]
+        if want_mean:
+            rec["loss_mean"] = float(mean_buf[0] / mean_buf[1])
         if not math.isfinite(loss_sum):
             raise RuntimeError(f"loss is {loss_sum} at step {step + 1}; lower --lr")
-        loss_first = loss_sum if loss_first is None else loss_first
+        loss_first = rec.get("loss_mean", loss_sum) if loss_first is None else loss_first
+        tokens_seen += tokens_per_step
+        rec["tokens_seen"] = tokens_seen
+        if synced and evaluator.due(tokens_at_sync, tokens_seen, last=step + 1 == cfg.steps):
+            rec |= evaluator.evaluate(raw, cfg.device, dtype, tokens_seen)  # after dt: not in tokens/s
         metrics.write(rec)
         records.append(rec)
         comm.after_step(step, rec)
@@ -263,8 +290,9 @@ def run(cfg: TrainConfig) -> int:
                     "step": done, "model": raw.state_dict(), "optim": opt.state_dict(), "data": positions,
                     "rng": rngs, "balance": shares.state_dict(), "config": cfg.to_dict(), "run_id": run_id,
                     "world_size": di.world_size,
-                    "data_digest": ds.digest, "loss_first": loss_first, **extra}, keep=cfg.ckpt_keep)
-        last_sync = done
+                    "data_digest": ds.digest, "loss_first": loss_first, "tokens_seen": tokens_seen,
+                    "val": evaluator.state_dict(), **extra}, keep=cfg.ckpt_keep)
+        last_sync, tokens_at_sync = done, tokens_seen
     metrics.close()
 
     # 4. summaries
@@ -287,11 +315,27 @@ def run(cfg: TrainConfig) -> int:
                  "est_memory_bytes_per_rank": mem,
                  "balance": shares.state_dict() if cfg.balance else None,
                  # the mode: H = 1 all-reduces gradients every step; H > 1 is local SGD / DiLoCo
-                 "sync_every": cfg.sync_every, "local_sgd": lsgd.summary(records) if local else None}
+                 "sync_every": cfg.sync_every, "local_sgd": lsgd.summary(records) if local else None,
+                 "grad_accum": cfg.grad_accum, "global_batch_tokens": cfg.global_batch_tokens or None,
+                 "tokens_seen": tokens_seen, "val_row_groups": resolved["val_row_groups_resolved"],
+                 "val_sequences": val.sequences if val else None, "val_curve": evaluator.curve,
+                 "val_loss": evaluator.curve[-1][1] if evaluator.curve else None}
         write_json(out / "summary.json", run_summary(per_rank, facts))
     D.barrier()
     D.print0("ddplab: done")
     return 0
+
+
+def _error_exit(code: int) -> int:
+    """The exit code of a distributed run that stops on an error every rank has reported: leave at once.
+    Tearing the group down while the peers leave too aborts now and then inside gloo ("terminate called
+    without an active exception", exit -6 instead of the code); nothing is left to write (metrics are
+    flushed per line, checkpoints renamed into place)."""
+    if not D.info().is_distributed:
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv=None) -> int:
@@ -304,10 +348,10 @@ def main(argv=None) -> int:
         return run(cfg)
     except UsageError as e:
         print(f"ddplab: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return _error_exit(2)
     except D.RanksDisagree as e:
         print(f"ddplab: error: {e}", file=sys.stderr, flush=True)
-        return 3
+        return _error_exit(3)
     except Exception as e:
         if not is_comm_failure(e) or not D.info().is_distributed:
             raise
