@@ -64,9 +64,10 @@ SIZES = {
                            "--batch-size", "1", "--lr", "1e-3", "--auto-trial-steps", "3"],
                  "steps": 6, "warmup": 1, "comms": ["fp32", "auto"], "auto_steps": 15, "repeat": 3},
     # large-b1 in the low-communication mode: one fp32 parameter sync per 16 steps (local16) against the
-    # per-step fp32 all-reduce, the same 16 steps each, so their losses are at equal tokens
+    # per-step fp32 all-reduce, the same 16 steps each, so their validation losses are at equal tokens
+    # (16 held-out sequences: 8 batches of one sequence would be a noisy yardstick)
     "large-b1-local": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
-                                 "--batch-size", "1", "--lr", "1e-3"],
+                                 "--batch-size", "1", "--lr", "1e-3", "--eval-batches", "16"],
                        "steps": 16, "warmup": 1, "comms": ["fp32", "local16"], "repeat": 3},
 }
 COMMON = ["--threads", "1", "--log-every", "1", "--powersgd-start-step", "2", "--pg-timeout-s", "600",

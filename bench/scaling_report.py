@@ -100,7 +100,8 @@ def run_row(run: dict, base_tps: float | None, rate_bps: float | None) -> dict:
         "exposed_ms": med["exposed_ms"], "exposed_pct": 100 * med["exposed_ms"] / med["dt_ms"],
         "allreduce_bytes": nbytes, "alpha": ar / comp if comp > 0 and ranks > 1 else None,
         "busbw_gbit_s": None, "limit_ms": None, "link_pct": None,
-        "loss_last": recs[-1]["loss"], "threads": run["config"].get("threads_resolved"),
+        "loss_last": recs[-1]["loss"], "val_loss": run["summary"].get("val_loss"),
+        "steps": len(run["metrics"]), "threads": run["config"].get("threads_resolved"),
         "cores_per_node": run.get("cores_per_node"), "load_before": run.get("load_before"),
     }
     if ranks > 1 and med["allreduce_ms"] > 0:
@@ -204,6 +205,13 @@ def build(data: dict) -> dict:
                  "auto_vs_fp32": None, "auto_choice": auto["comm_chosen"] if auto else None,
                  "loss_curves": {label: [(m["step"], m["loss"]) for m in r["metrics"]]
                                  for label, r in first.items() if r["nodes"] > 1}}
+        # the accuracy cost of each way of synchronizing: validation loss (held-out row groups, all ranks)
+        # over fp32's, at equal tokens (the N-node runs of as many steps as the fp32 run), within each round
+        fp32 = multi[0] if multi else None
+        entry["val_vs_fp32"] = {
+            r["label"]: within_rounds(r["label"], fp32["label"], "val_loss") for r in rows
+            if fp32 and r["nodes"] > 1 and r["label"] != fp32["label"] and r["steps"] == fp32["steps"]
+            and r["val_loss"] is not None and fp32["val_loss"] is not None}
         if auto and multi:
             s = within_rounds(auto["label"], multi[0]["label"], "tokens_per_sec")
             entry["auto_vs_fp32_spread"], entry["auto_vs_fp32"] = s, s["median"] if s else None
@@ -269,14 +277,14 @@ def markdown(rep: dict) -> str:
         lines += [f"Link probe failed: {p.get('error')}", ""]
     head = ("| run | comm | rounds | tok/s [min-max] | speedup [min-max] | efficiency [min-max] | step ms "
             "| compute ms | all-reduce ms | exposed ms (% of step) | MB/step | bus Gbit/s | limit ms "
-            "| % of link | alpha | loss | load before each round |")
+            "| % of link | alpha | loss | val loss | load before each round |")
     for size, e in rep["sizes"].items():
         md = e["model"]
         title = (f"## {size}: {e['params']:,} parameters (depth {md.get('depth')}, width "
                  f"{md.get('n_embd')}, seq {md.get('seq_len')}, batch {md.get('batch_size')} per rank)"
                  if e["params"] else f"## {size}")
         lines += [title, "", f"Medians of {e['rounds']} interleaved round(s); ratios taken within each "
-                  "round.", "", head, "|" + "---|" * 17]
+                  "round.", "", head, "|" + "---|" * 18]
         for r in e["rows"]:
             comm = r["comm"] + (f" -> {r['comm_chosen']}" if r["comm"] == "auto" else "")
             loads = ", ".join("/".join(f"{x:.1f}" for x in lb or []) for lb in r["load_before"])
@@ -287,8 +295,15 @@ def markdown(rep: dict) -> str:
                 f"{r['allreduce_ms']:.0f} | {r['exposed_ms']:.0f} ({r['exposed_pct']:.0f} %) | "
                 f"{r['allreduce_bytes'] / 1e6:.1f} | {_f(r['busbw_gbit_s'], '.3f')} | "
                 f"{_f(r['limit_ms'], '.0f')} | "
-                f"{_f(r['link_pct'])} | {_f(r['alpha'], '.3f')} | {r['loss_last']:.3f} | {loads} |")
+                f"{_f(r['link_pct'])} | {_f(r['alpha'], '.3f')} | {r['loss_last']:.3f} | "
+                f"{_f(r['val_loss'], '.4f')} | {loads} |")
         lines.append("")
+        if e.get("val_vs_fp32"):
+            base = next(r["label"] for r in e["rows"] if r["nodes"] > 1 and r["comm"] == "fp32")
+            vals = ", ".join(f"{label} {100 * (v['median'] - 1):+.2f} % [{100 * (v['min'] - 1):+.2f} to "
+                             f"{100 * (v['max'] - 1):+.2f}]" for label, v in e["val_vs_fp32"].items() if v)
+            lines += [f"Validation loss at equal tokens (held-out row groups, mean over all ranks) against "
+                      f"{base}, within each round: {vals}.", ""]
         if e["alpha"] is not None:
             pred = ", ".join(f"{n}: {s:.2f}" for n, s in e["predicted_speedup"].items())
             lines += [f"alpha (fp32, {rep['nodes']} nodes) = {e['alpha']:.3f}; N/(1+alpha(N-1)) at the "
@@ -331,6 +346,7 @@ def plots(rep: dict, out: Path) -> None:
         for marker, pick, name in (
                 ("o-", lambda r: r["ranks_per_node"] == 1 and r["comm"] == "fp32", "nodes x 1 rank, fp32"),
                 ("*", lambda r: r["nodes"] > 1 and r["comm"] == "auto", "auto"),
+                ("D", lambda r: r["nodes"] > 1 and r["comm"].startswith("local"), "local SGD (sync every H)"),
                 ("s", lambda r: r["nodes"] == 1 and r["ranks_per_node"] > 1, "1 node x 2 ranks (loopback)")):
             pts = sorted((r["ranks"], r["speedup"], r["speedup_min"], r["speedup_max"], r["comm_chosen"])
                          for r in rows if pick(r))

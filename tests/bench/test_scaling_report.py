@@ -147,7 +147,8 @@ def test_cli_refuses_a_folder_without_runs(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("ddplab: error:")
 
 
-def write_round(root: Path, label: str, k: int, nodes: int, dt_ms: float, comm: str = "fp32", steps: int = 4):
+def write_round(root: Path, label: str, k: int, nodes: int, dt_ms: float, comm: str = "fp32", steps: int = 4,
+                val: float | None = None):
     """One round of one configuration in the rounds layout, every step taking dt_ms: tokens/s is exact."""
     node0 = root / "raw" / "small" / label / f"round{k}" / "node0"
     node0.mkdir(parents=True)
@@ -155,7 +156,7 @@ def write_round(root: Path, label: str, k: int, nodes: int, dt_ms: float, comm: 
              "allreduce_ms": 0.0, "exposed_ms": 0.0, "allreduce_bytes": 0} for s in range(1, steps + 1)]
     (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": 0}))
-    (node0 / "summary.json").write_text(json.dumps({"comm_chosen": comm}))
+    (node0 / "summary.json").write_text(json.dumps({"comm_chosen": comm, "val_loss": val}))
     (node0.parent / "run.json").write_text(json.dumps({"nodes": nodes, "ranks_per_node": 1, "comm": comm,
                                                        "load_before": [1.0 + k, 1.0, 1.0]}))
 
@@ -192,3 +193,23 @@ def test_ratios_are_taken_within_each_round_then_summarized(tmp_path):
     assert pair["load_before"] == [[1.0, 1.0, 1.0], [2.0, 1.0, 1.0], [3.0, 1.0, 1.0]]
     md = scaling_report.markdown(rep)
     assert "| 2x1-fp32 | fp32 | 3 | 1638.4 [1280-2048] | 1.60 [0.62-1.80] | 0.80 [0.31-0.90] |" in md
+
+
+def test_validation_loss_is_compared_with_fp32_at_equal_tokens_within_each_round(tmp_path):
+    # by hand: fp32 val 2.00, 2.50, 2.00; local16 2.02 (+1 %), 2.45 (-2 %), 2.06 (+3 %) -> median +1 %
+    # [-2 %, +3 %]; auto ran 8 steps (not equal tokens): left out; 1x1 is one node: left out
+    for k, (fp32, local) in enumerate(((2.00, 2.02), (2.50, 2.45), (2.00, 2.06))):
+        write_round(tmp_path, "1x1", k, 1, 1000, val=2.2)
+        write_round(tmp_path, "2x1-fp32", k, 2, 1000, val=fp32)
+        write_round(tmp_path, "2x1-local16", k, 2, 600, comm="local16", val=local)
+        write_round(tmp_path, "2x1-auto", k, 2, 900, comm="auto", steps=8, val=1.0)
+    (tmp_path / "meta.json").write_text(json.dumps({"id": "v", "nodes": 2}))
+    rep = scaling_report.build(scaling_report.collect(tmp_path))
+    e = rep["sizes"]["small"]
+    assert set(e["val_vs_fp32"]) == {"2x1-local16"}
+    local = e["val_vs_fp32"]["2x1-local16"]
+    assert local == pytest.approx({"median": 1.01, "min": 0.98, "max": 1.03, "n": 3})
+    rows = {r["label"]: r for r in e["rows"]}
+    assert rows["2x1-local16"]["val_loss"] == pytest.approx(2.06)  # the median of 2.02, 2.45, 2.06
+    md = scaling_report.markdown(rep)
+    assert "against 2x1-fp32, within each round: 2x1-local16 +1.00 % [-2.00 to +3.00]." in md
