@@ -355,7 +355,7 @@ class Lab:
         rep = scaling_report.build(scaling_report.collect(self.bench))
         scaling_report.write(rep, self.bench)
         print(scaling_report.markdown(rep))
-        results = REPO / "bench" / "results" / "scaling_lab"  # the latest lab, beside the other benches
+        results = REPO / a.results  # the latest lab, beside the other benches
         results.mkdir(parents=True, exist_ok=True)
         for name in ("report.md", "report.json", "scaling.png", "loss.png"):
             if (self.bench / name).exists():
@@ -381,6 +381,8 @@ def main(argv=None) -> int:
     ap.add_argument("--via", choices=("exec", "ansible"), default="exec",
                     help="how the N-node runs start: exec = simlan exec + torchrun on each host (default); "
                     "ansible = playbooks/launch.yml -e ddplab_wait=true on the simlan inventory")
+    ap.add_argument("--results", default="bench/results/scaling_lab",
+                    help="where (relative to the repository) the report is copied at the end")
     ap.add_argument("--force", action="store_true", help="recreate a simlan cluster of another shape")
     ap.add_argument("--keep-cluster", action="store_true", help="leave the cluster up at the end")
     a = ap.parse_args(argv)

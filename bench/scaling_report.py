@@ -100,7 +100,8 @@ def run_row(run: dict, base_tps: float | None, rate_bps: float | None) -> dict:
         "exposed_ms": med["exposed_ms"], "exposed_pct": 100 * med["exposed_ms"] / med["dt_ms"],
         "allreduce_bytes": nbytes, "alpha": ar / comp if comp > 0 and ranks > 1 else None,
         "busbw_gbit_s": None, "limit_ms": None, "link_pct": None,
-        "loss_last": recs[-1]["loss"], "val_loss": run["summary"].get("val_loss"),
+        # train loss of the last step: the mean over all ranks where the trainer logged it, else rank 0's
+        "loss_last": recs[-1].get("loss_mean", recs[-1]["loss"]), "val_loss": run["summary"].get("val_loss"),
         "steps": len(run["metrics"]), "threads": run["config"].get("threads_resolved"),
         "cores_per_node": run.get("cores_per_node"), "load_before": run.get("load_before"),
     }
@@ -277,7 +278,7 @@ def markdown(rep: dict) -> str:
         lines += [f"Link probe failed: {p.get('error')}", ""]
     head = ("| run | comm | rounds | tok/s [min-max] | speedup [min-max] | efficiency [min-max] | step ms "
             "| compute ms | all-reduce ms | exposed ms (% of step) | MB/step | bus Gbit/s | limit ms "
-            "| % of link | alpha | loss | val loss | load before each round |")
+            "| % of link | alpha | train loss | val loss | load before each round |")
     for size, e in rep["sizes"].items():
         md = e["model"]
         title = (f"## {size}: {e['params']:,} parameters (depth {md.get('depth')}, width "
