@@ -344,11 +344,17 @@ def plots(rep: dict, out: Path) -> None:
         rows = [r for r in e["rows"] if r["speedup"] is not None]
         nmax = max([2] + [r["ranks"] for r in rows])
         ax.plot([1, nmax], [1, nmax], "k--", lw=1, label="ideal")
-        for marker, pick, name in (
-                ("o-", lambda r: r["ranks_per_node"] == 1 and r["comm"] == "fp32", "nodes x 1 rank, fp32"),
-                ("*", lambda r: r["nodes"] > 1 and r["comm"] == "auto", "auto"),
-                ("D", lambda r: r["nodes"] > 1 and r["comm"].startswith("local"), "local SGD (sync every H)"),
-                ("s", lambda r: r["nodes"] == 1 and r["ranks_per_node"] > 1, "1 node x 2 ranks (loopback)")):
+        # every other way of synchronizing measured on N nodes gets its own marker
+        others = sorted({r["comm"] for r in rows if r["nodes"] > 1 and r["comm"] not in ("fp32", "auto")
+                         and not r["comm"].startswith("local")})
+        series = [("o-", lambda r: r["ranks_per_node"] == 1 and r["comm"] == "fp32", "nodes x 1 rank, fp32"),
+                  ("*", lambda r: r["nodes"] > 1 and r["comm"] == "auto", "auto"),
+                  ("D", lambda r: r["nodes"] > 1 and r["comm"].startswith("local"),
+                   "local SGD (sync every H)"),
+                  ("s", lambda r: r["nodes"] == 1 and r["ranks_per_node"] > 1, "1 node x 2 ranks (loopback)")]
+        series += [(m, lambda r, c=c: r["nodes"] > 1 and r["comm"] == c, f"nodes x 1 rank, {c}")
+                   for m, c in zip("^vP<>", others, strict=False)]
+        for marker, pick, name in series:
             pts = sorted((r["ranks"], r["speedup"], r["speedup_min"], r["speedup_max"], r["comm_chosen"])
                          for r in rows if pick(r))
             if not pts:
