@@ -62,10 +62,15 @@ def _env_value(host, key):
     return None
 
 
+def host_dirs(run_dir) -> list[Path]:
+    """The collected hosts' folders of a run (runs/<run_id>/<host>/), without the TensorBoard export."""
+    return sorted(p for p in Path(run_dir).iterdir() if p.is_dir() and p.name != tb_export.DIR)
+
+
 def load_code(run_dir):
     """{host: code.json} for the hosts that recorded the code they ran (roles/launch)."""
     out = {}
-    for host in sorted(p for p in Path(run_dir).iterdir() if p.is_dir()):
+    for host in host_dirs(run_dir):
         path = host / "code.json"
         if path.is_file():
             info = _read_json(path)
@@ -79,7 +84,7 @@ def load_run(run_dir):
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise DdplabError(f"run folder {run_dir} does not exist; collect it with playbooks/collect_logs.yml")
-    hosts = sorted(p for p in run_dir.iterdir() if p.is_dir())
+    hosts = host_dirs(run_dir)
     ranks, run_summary = [], None
     for host in hosts:
         exit_code = None
@@ -200,7 +205,7 @@ def write_report(run_dir, nodes=()):
                   exit_codes={f"{r['host']}/rank{r['rank']}" if r["rank"] is not None
                               else f"{r['host']}/node{r.get('node_rank')}": r["exit"] for r in ranks},
                   all_exited_zero=all(r["exit"] == 0 for r in ranks),
-                  collected=sorted(p.name for p in run_dir.iterdir() if p.is_dir()))
+                  collected=[p.name for p in host_dirs(run_dir)])
     if nodes:
         merged["not_collected"] = [n for n in nodes if n not in merged["collected"]]
     if code:
@@ -209,7 +214,7 @@ def write_report(run_dir, nodes=()):
         merged["tensorboard"] = str(tb_export.write(run_dir, ranks))
     elif merged["has_metrics"]:
         print(f"ddplab: note: no TensorBoard event files (tensorboard is not installed); to get them in "
-              f"{run_dir / 'tb'}: {tb_export.INSTALL_HINT}", file=sys.stderr)
+              f"{run_dir / tb_export.DIR}: {tb_export.INSTALL_HINT}", file=sys.stderr)
     files = {"report.md": markdown(run_dir, table, merged),
              "summary.json": json.dumps(merged, indent=2, sort_keys=True) + "\n"}
     for name, text in files.items():

@@ -17,6 +17,8 @@ from pathlib import Path
 
 INSTALL_HINT = "pip install 'ddplab[tensorboard]'"
 
+DIR = "tb"  # runs/<run_id>/tb/: not a host's folder
+
 
 def available() -> bool:
     try:
@@ -63,7 +65,7 @@ def write(run_dir: str | Path, ranks: list[dict]) -> Path:
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    tb = Path(run_dir) / "tb"
+    tb = Path(run_dir) / DIR
     shutil.rmtree(tb, ignore_errors=True)  # a re-run report must not double every point
     now = time.time()
     for name, tags in scalars(ranks).items():

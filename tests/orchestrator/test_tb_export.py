@@ -53,6 +53,7 @@ def test_report_writes_event_files_per_rank_and_for_the_run(tmp_path):
     assert len(list((tb / "run").iterdir())) == 1
     md = (run / "report.md").read_text()
     assert f"- TensorBoard: `tensorboard --logdir {tb}`" in md and "- val_loss: 1.5" in md
+    assert "- logs collected from: node0, node1\n" in md  # the export's folder is no host
     assert "tensorboard" not in proc.stderr
 
 
