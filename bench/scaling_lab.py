@@ -355,7 +355,7 @@ class Lab:
         rep = scaling_report.build(scaling_report.collect(self.bench))
         scaling_report.write(rep, self.bench)
         print(scaling_report.markdown(rep))
-        results = REPO / a.results  # the latest lab, beside the other benches
+        results = REPO / a.results  # the latest lab of this kind, beside the other benches
         results.mkdir(parents=True, exist_ok=True)
         for name in ("report.md", "report.json", "scaling.png", "loss.png"):
             if (self.bench / name).exists():
