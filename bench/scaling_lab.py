@@ -81,11 +81,13 @@ class BenchError(RuntimeError):
 
 
 def comm_flags(comm: str) -> list[str]:
-    """A run's way of synchronizing: a --comm option, or local<H>: the low-communication mode (local SGD /
-    DiLoCo, an fp32 parameter sync every H steps)."""
-    m = re.fullmatch(r"local(\d+)", comm)
+    """A run's way of synchronizing: a --comm option, or local<H>[-bf16][-avg]: the low-communication mode
+    (DiLoCo, a parameter sync every H steps; -bf16: the sync sends 16-bit deltas; -avg: plain averaging,
+    outer lr 1 and no momentum)."""
+    m = re.fullmatch(r"local(\d+)(-bf16)?(-avg)?", comm)
     if m:
-        return ["--comm", "fp32", "--sync-every", m.group(1), "--allow-local-sgd"]
+        return (["--comm", "bf16" if m.group(2) else "fp32", "--sync-every", m.group(1), "--allow-local-sgd"]
+                + (["--outer-lr", "1", "--outer-momentum", "0"] if m.group(3) else []))
     return ["--comm", comm]
 
 

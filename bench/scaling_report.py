@@ -207,11 +207,16 @@ def build(data: dict) -> dict:
                  "loss_curves": {label: [(m["step"], m["loss"]) for m in r["metrics"]]
                                  for label, r in first.items() if r["nodes"] > 1}}
         # the accuracy cost of each way of synchronizing: validation loss (held-out row groups, all ranks)
-        # over fp32's, at equal tokens (the N-node runs of as many steps as the fp32 run), within each round
-        fp32 = multi[0] if multi else None
+        # over fp32's, at equal tokens (the N-node runs of as many steps as the fp32 run), within each round.
+        # Without an N-node fp32 run, 1 node x N ranks in fp32 is the same optimization (same world size,
+        # data split and all-reduced gradients; only the wire differs), so it stands in.
+        fp32 = multi[0] if multi else next((r for r in rows if r["comm"] == "fp32" and r["nodes"] == 1
+                                            and r["ranks_per_node"] > 1), None)
+        entry["val_reference"] = fp32["label"] if fp32 else None
         entry["val_vs_fp32"] = {
             r["label"]: within_rounds(r["label"], fp32["label"], "val_loss") for r in rows
             if fp32 and r["nodes"] > 1 and r["label"] != fp32["label"] and r["steps"] == fp32["steps"]
+            and r["nodes"] * r["ranks_per_node"] == fp32["nodes"] * fp32["ranks_per_node"]
             and r["val_loss"] is not None and fp32["val_loss"] is not None}
         if auto and multi:
             s = within_rounds(auto["label"], multi[0]["label"], "tokens_per_sec")
@@ -300,7 +305,7 @@ def markdown(rep: dict) -> str:
                 f"{_f(r['val_loss'], '.4f')} | {loads} |")
         lines.append("")
         if e.get("val_vs_fp32"):
-            base = next(r["label"] for r in e["rows"] if r["nodes"] > 1 and r["comm"] == "fp32")
+            base = e["val_reference"]
             vals = ", ".join(f"{label} {100 * (v['median'] - 1):+.2f} % [{100 * (v['min'] - 1):+.2f} to "
                              f"{100 * (v['max'] - 1):+.2f}]" for label, v in e["val_vs_fp32"].items() if v)
             lines += [f"Validation loss at equal tokens (held-out row groups, mean over all ranks) against "

@@ -155,9 +155,10 @@ class TrainConfig:
                  f"--sync-every {self.sync_every} changes the optimization (local SGD: each rank takes "
                  f"{self.sync_every} steps on its own data, then the ranks average); add --allow-local-sgd "
                  f"to accept that, or use --sync-every 1 (all-reduce gradients every step)")
-            need(self.comm == "fp32",
+            need(self.comm in ("fp32", "bf16", "fp16"),
                  f"--comm {self.comm} with --sync-every {self.sync_every}: local SGD all-reduces no "
-                 f"gradients, its parameter sync is one fp32 all-reduce; use --comm fp32 (the default)")
+                 f"gradients, only the parameter change at each sync; use --comm fp32 (the default), or "
+                 f"bf16/fp16 to send that change in 16 bits")
             need(not self.balance,
                  f"--balance with --sync-every {self.sync_every}: balancing weights each rank's share of "
                  f"one all-reduced gradient, local SGD has none; use one of the two")
@@ -249,7 +250,8 @@ FIELD_HELP = {
     "compile": "torch.compile the model (slow first step on CPU)",
     "comm": "how gradients travel: fp32 = DDP's all-reduce; bf16/fp16 = 16-bit compressed all-reduce (half "
             "the bytes); powersgd = low-rank PowerSGD; auto = try fp32, bf16, powersgd in the first steps "
-            "and keep the one with the most tokens/s",
+            "and keep the one with the most tokens/s; with --sync-every > 1: the dtype of each sync "
+            "(fp32, bf16, fp16)",
     "bucket_cap_mb": "DDP gradient bucket size in MiB",
     "powersgd_rank": "PowerSGD rank r: a n x m gradient travels as (n+m)*r numbers",
     "powersgd_start_step": "plain all-reduce for the first N steps before PowerSGD compresses (min 2)",

@@ -13,7 +13,11 @@ ranks synchronize once:
 
 The all-reduce is torch's own `model_averaging.utils.average_parameters` (flatten, divide by the world
 size, one all-reduce, unflatten), on the parameters themselves for plain averaging (exactly what
-torch's `PeriodicModelAverager` does) or on the parameter deltas for DiLoCo. Not used, and why:
+torch's `PeriodicModelAverager` does) or on the parameter deltas for DiLoCo. With `--comm bf16` or
+`fp16` the deltas travel in 16 bits (half the bytes of a sync; DiLoCo's outer gradients tolerate it, as
+DDP's gradients tolerate its bf16 hook): they are flattened into one buffer, cast, all-reduced and cast
+back, so every rank applies the same mean; plain averaging then keeps an anchor too (the parameters
+themselves must not be rounded to 16 bits). Not used, and why:
 `PeriodicModelAverager` only averages parameters (no outer optimizer) and keeps its own step counter
 that would need checkpointing; the post-local-SGD comm hook needs DDP's one hook slot (held by
 trainer/comm.py) and still all-reduces gradients every step within per-node subgroups.
@@ -39,29 +43,35 @@ def crossed(every: int, prev: int, done: int) -> bool:
     return every > 0 and done // every > prev // every
 
 
+# what a sync's all-reduce sends (--comm with --sync-every > 1)
+WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 class LocalSGD:
     """The outer loop of local SGD / DiLoCo over `params` (the bare model's parameters, in order)."""
 
     def __init__(self, params, sync_every: int, steps: int, outer_lr: float, outer_momentum: float,
-                 process_group=None):
+                 process_group=None, wire: str = "fp32"):
         self.params = [p for p in params]
         self.sync_every, self.steps = sync_every, steps
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.group = process_group
+        self.wire_name, self.wire = wire, WIRE_DTYPES[wire]
         self.plain = outer_lr == 1.0 and outer_momentum == 0.0
         self.numel = sum(p.numel() for p in self.params)
         self.anchor: list[torch.Tensor] = []
         self.outer = None
-        if not self.plain:
-            # the synchronized parameters; the outer optimizer steps these, then they are copied back
+        if not self.plain or self.wire != torch.float32:
+            # the synchronized parameters; the outer step moves these, then they are copied back
             self.anchor = [p.detach().clone() for p in self.params]
+        if not self.plain:
             self.outer = torch.optim.SGD(self.anchor, lr=outer_lr, momentum=outer_momentum,
                                          nesterov=outer_momentum > 0)
 
     @torch.no_grad()
     def reset_anchor(self) -> None:
         """The current parameters are the synchronized ones (after DDP's broadcast or a resume)."""
-        if self.plain:  # plain averaging keeps no anchor
+        if not self.anchor:  # plain fp32 averaging keeps none
             return
         for a, p in zip(self.anchor, self.params, strict=True):
             a.copy_(p)
@@ -72,13 +82,26 @@ class LocalSGD:
 
     @property
     def bytes_per_sync(self) -> int:
-        return self.numel * self.params[0].element_size()
+        fp32 = self.wire == torch.float32
+        return self.numel * (self.params[0].element_size() if fp32 else self.wire.itemsize)
+
+    def _mean_16bit(self, deltas: list[torch.Tensor], world: int) -> None:
+        """Replace `deltas` by their mean over the ranks, sent as one 16-bit buffer (as DDP's
+        bf16/fp16 compress hooks do: divide first, so fp16's range holds the sum)."""
+        flat = torch.cat([d.reshape(-1) for d in deltas]).div_(world)
+        wire = flat.to(self.wire)
+        dist.all_reduce(wire, group=self.group)
+        flat.copy_(wire)
+        offset = 0
+        for d in deltas:
+            d.copy_(flat[offset:offset + d.numel()].view_as(d))
+            offset += d.numel()
 
     @torch.no_grad()
     def sync(self) -> dict:
         """All ranks: average (plain) or outer-step (DiLoCo). Returns the all-reduce's ms and bytes."""
         world = dist.get_world_size(self.group) if dist.is_initialized() else 1
-        if self.plain:
+        if not self.anchor:  # plain fp32 averaging: the parameters themselves
             t0 = time.perf_counter()
             if world > 1:
                 average_parameters(iter(self.params), self.group)
@@ -86,13 +109,19 @@ class LocalSGD:
         else:
             deltas = [a - p for a, p in zip(self.anchor, self.params, strict=True)]  # outer gradient
             t0 = time.perf_counter()
-            if world > 1:
+            if world > 1 and self.wire != torch.float32:
+                self._mean_16bit(deltas, world)
+            elif world > 1:
                 average_parameters(iter(deltas), self.group)  # rebinds each delta's .data to the mean
             ms = (time.perf_counter() - t0) * 1e3
-            for a, d in zip(self.anchor, deltas, strict=True):
-                a.grad = d
-            self.outer.step()
-            self.outer.zero_grad(set_to_none=True)
+            if self.outer is None:  # plain averaging of 16-bit deltas: anchor - mean delta
+                for a, d in zip(self.anchor, deltas, strict=True):
+                    a.sub_(d)
+            else:
+                for a, d in zip(self.anchor, deltas, strict=True):
+                    a.grad = d
+                self.outer.step()
+                self.outer.zero_grad(set_to_none=True)
             for p, a in zip(self.params, self.anchor, strict=True):
                 p.copy_(a)
         return {"sync_ms": ms, "sync_bytes": self.bytes_per_sync if world > 1 else 0}
@@ -104,8 +133,8 @@ class LocalSGD:
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
         """After the model's parameters were loaded from a checkpoint written right after a sync."""
+        self.reset_anchor()
         if self.outer is not None:
-            self.reset_anchor()
             if state.get("outer") is None:
                 raise ValueError("the checkpoint has no outer optimizer state (written with plain averaging)")
             self.outer.load_state_dict(state["outer"])
@@ -113,7 +142,7 @@ class LocalSGD:
     def summary(self, records: list[dict]) -> dict:
         synced = [r for r in records if r.get("synced")]
         total = sum(r["allreduce_bytes"] for r in records)
-        return {"sync_every": self.sync_every, "outer_lr": self.outer_lr,
+        return {"sync_every": self.sync_every, "outer_lr": self.outer_lr, "sync_dtype": self.wire_name,
                 "outer_momentum": self.outer_momentum,
                 "outer_optimizer": "none (parameter averaging)" if self.plain else
                 "SGD" + (" nesterov" if self.outer_momentum > 0 else ""),

@@ -126,7 +126,8 @@ def run(cfg: TrainConfig) -> int:
         loader = elastic.UniformStream(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)
     node_writer = D.is_main_process() or (cfg.elastic and di.local_rank == 0)  # writes into its OUT
     local = cfg.sync_every > 1  # low-communication mode: H local steps, then one parameter sync
-    lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum)
+    lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum,
+                     wire=cfg.comm)
             if local else None)
     start_step, loss_first = 0, None
     evaluator = Evaluator(val, cfg.eval_every_tokens, di.rank, di.world_size)
@@ -172,7 +173,7 @@ def run(cfg: TrainConfig) -> int:
                  ("the parameters are averaged" if lsgd.plain else
                   f"an outer SGD step (lr {cfg.outer_lr}, Nesterov momentum {cfg.outer_momentum}) on the "
                   f"averaged parameter change") +
-                 f"; {lsgd.bytes_per_sync / 1e6:.2f} MB per sync (--allow-local-sgd)")
+                 f"; {lsgd.bytes_per_sync / 1e6:.2f} MB per sync in {cfg.comm} (--allow-local-sgd)")
     if cfg.global_batch_tokens:
         D.print0(f"ddplab: global batch {cfg.global_batch_tokens} tokens = {cfg.batch_size} x {cfg.seq_len} "
                  f"x {di.world_size} ranks x {cfg.grad_accum} micro-steps (--grad-accum {cfg.grad_accum})")

@@ -148,7 +148,7 @@ def test_cli_refuses_a_folder_without_runs(tmp_path, capsys):
 
 
 def write_round(root: Path, label: str, k: int, nodes: int, dt_ms: float, comm: str = "fp32", steps: int = 4,
-                val: float | None = None):
+                val: float | None = None, per_node: int = 1):
     """One round of one configuration in the rounds layout, every step taking dt_ms: tokens/s is exact."""
     node0 = root / "raw" / "small" / label / f"round{k}" / "node0"
     node0.mkdir(parents=True)
@@ -157,8 +157,8 @@ def write_round(root: Path, label: str, k: int, nodes: int, dt_ms: float, comm: 
     (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": 0}))
     (node0 / "summary.json").write_text(json.dumps({"comm_chosen": comm, "val_loss": val}))
-    (node0.parent / "run.json").write_text(json.dumps({"nodes": nodes, "ranks_per_node": 1, "comm": comm,
-                                                       "load_before": [1.0 + k, 1.0, 1.0]}))
+    run = {"nodes": nodes, "ranks_per_node": per_node, "comm": comm, "load_before": [1.0 + k, 1.0, 1.0]}
+    (node0.parent / "run.json").write_text(json.dumps(run))
 
 
 def test_ratios_are_taken_within_each_round_then_summarized(tmp_path):
@@ -213,3 +213,21 @@ def test_validation_loss_is_compared_with_fp32_at_equal_tokens_within_each_round
     assert rows["2x1-local16"]["val_loss"] == pytest.approx(2.06)  # the median of 2.02, 2.45, 2.06
     md = scaling_report.markdown(rep)
     assert "against 2x1-fp32, within each round: 2x1-local16 +1.00 % [-2.00 to +3.00]." in md
+
+
+def test_without_a_2_node_fp32_run_1_node_x_2_ranks_is_the_validation_reference(tmp_path):
+    # 1x2 (fp32, world size 2) is the same optimization as 2x1-fp32; it ran in round 0 only (its loss does
+    # not depend on the link), so one within-round ratio: 2.10 / 2.00 = +5 %; 1x4 has another world size
+    write_round(tmp_path, "1x2", 0, 1, 1000, val=2.00, per_node=2)
+    write_round(tmp_path, "1x4", 0, 1, 1000, val=1.50, per_node=4)
+    for k, local in enumerate((2.10, 2.30)):
+        write_round(tmp_path, "1x1", k, 1, 1000, val=2.2)
+        write_round(tmp_path, "2x1-local16-bf16", k, 2, 600, comm="local16-bf16", val=local)
+    (tmp_path / "meta.json").write_text(json.dumps({"id": "v", "nodes": 2}))
+    rep = scaling_report.build(scaling_report.collect(tmp_path))
+    e = rep["sizes"]["small"]
+    assert e["val_reference"] == "1x2"
+    assert e["val_vs_fp32"] == {"2x1-local16-bf16": pytest.approx({"median": 1.05, "min": 1.05, "max": 1.05,
+                                                                    "n": 1})}
+    assert "against 1x2, within each round: 2x1-local16-bf16 +5.00 % [+5.00 to +5.00]." in \
+        scaling_report.markdown(rep)

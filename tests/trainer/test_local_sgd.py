@@ -45,7 +45,7 @@ BASE = ["--data", "d", "--out", "o"]
 @pytest.mark.parametrize("extra, flag, words", [
     (["--sync-every", "4"], "--sync-every", "add --allow-local-sgd"),
     (["--sync-every", "4", "--allow-local-sgd", "--comm", "auto"], "--comm", "use --comm fp32"),
-    (["--sync-every", "4", "--allow-local-sgd", "--comm", "bf16"], "--comm", "use --comm fp32"),
+    (["--sync-every", "4", "--allow-local-sgd", "--comm", "powersgd"], "--comm", "bf16/fp16 to send"),
     (["--sync-every", "4", "--allow-local-sgd", "--balance"], "--balance", "use one of the two"),
     (["--sync-every", "0"], "--sync-every", "must be at least 1"),
     (["--sync-every", "2", "--allow-local-sgd", "--outer-momentum", "1"], "--outer-momentum", "[0, 1)"),
@@ -61,6 +61,8 @@ def test_local_sgd_flags_that_fit_are_accepted():
     assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--outer-lr", "1",
                               "--outer-momentum", "0", "--ckpt-every", "5", "--check-every", "3"]) is None
     assert check_args(BASE + ["--sync-every", "1"]) is None  # today's DDP needs no permission
+    for wire in ("bf16", "fp16"):  # the parameter change of each sync travels in 16 bits
+        assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--comm", wire]) is None
 
 
 def test_the_cli_refuses_local_sgd_without_permission_in_one_line():
@@ -74,13 +76,13 @@ def test_the_cli_refuses_local_sgd_without_permission_in_one_line():
 # --- the sync on a real 2-rank gloo group -----------------------------------------------------------
 
 
-def _worker(rank, port, outer_lr, outer_momentum, q):
+def _worker(rank, port, outer_lr, outer_momentum, wire, q):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    ls = LocalSGD(model.parameters(), 3, 6, outer_lr, outer_momentum)
+    ls = LocalSGD(model.parameters(), 3, 6, outer_lr, outer_momentum, wire=wire)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     out = []
     for step in range(1, 7):
@@ -101,11 +103,11 @@ def _worker(rank, port, outer_lr, outer_momentum, q):
     dist.destroy_process_group()
 
 
-def _two_ranks(outer_lr, outer_momentum):
+def _two_ranks(outer_lr, outer_momentum, wire="fp32"):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, outer_lr, outer_momentum, q)) for r in (0, 1)]
+    procs = [ctx.Process(target=_worker, args=(r, port, outer_lr, outer_momentum, wire, q)) for r in (0, 1)]
     for p in procs:
         p.start()
     got = {r: torch.load(io.BytesIO(b)) for r, b in (q.get(timeout=90) for _ in procs)}
@@ -144,6 +146,50 @@ def test_diloco_outer_step_is_nesterov_sgd_on_the_mean_delta():
         want = [a - lr * (gi + mu * b) for a, gi, b in zip(anchor, g, buf, strict=True)]
         for w, got in zip(want, s0["after"], strict=True):
             torch.testing.assert_close(got, w, rtol=1e-6, atol=1e-7)
+        anchor = s0["after"]
+
+
+def _mean_in_16_bits(a, b, dtype):
+    """What a 16-bit sync of two ranks computes: each half rounded to 16 bits, summed in 16 bits."""
+    return ((a / 2).to(dtype) + (b / 2).to(dtype)).float()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wire, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_a_16_bit_sync_sends_half_the_bytes_and_every_rank_applies_the_same_mean(wire, dtype):
+    lr, mu = 0.7, 0.9
+    r0, r1 = _two_ranks(lr, mu, wire)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    anchor, buf = [p.detach().clone() for p in m.parameters()], None
+    numel = sum(a.numel() for a in anchor)
+    for s0, s1 in zip(r0, r1, strict=True):
+        assert s0["bytes"] == numel * 2
+        assert s0["sha_before"] != s1["sha_before"] and s0["sha_after"] == s1["sha_after"]
+        g = [_mean_in_16_bits(a - t0, a - t1, dtype)
+             for a, t0, t1 in zip(anchor, s0["before"], s1["before"], strict=True)]
+        buf = g if buf is None else [mu * b + gi for b, gi in zip(buf, g, strict=True)]
+        want = [a - lr * (gi + mu * b) for a, gi, b in zip(anchor, g, buf, strict=True)]
+        for w, got in zip(want, s0["after"], strict=True):
+            torch.testing.assert_close(got, w, rtol=1e-6, atol=1e-7)
+        anchor = s0["after"]
+
+
+@pytest.mark.slow
+def test_plain_averaging_in_bf16_moves_the_anchor_by_the_rounded_mean_change():
+    r0, r1 = _two_ranks(1.0, 0.0, "bf16")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    anchor = [p.detach().clone() for p in m.parameters()]
+    for s0, s1 in zip(r0, r1, strict=True):
+        assert s0["sha_after"] == s1["sha_after"]
+        want = [a - _mean_in_16_bits(a - t0, a - t1, torch.bfloat16)
+                for a, t0, t1 in zip(anchor, s0["before"], s1["before"], strict=True)]
+        for w, got, t0, t1 in zip(want, s0["after"], s0["before"], s1["before"], strict=True):
+            torch.testing.assert_close(got, w, rtol=1e-6, atol=1e-7)
+            # the parameters stay fp32 and near the exact average (only the change was rounded)
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, t0 / 2 + t1 / 2, rtol=0, atol=1e-3)
         anchor = s0["after"]
 
 
@@ -213,3 +259,17 @@ def test_plain_averaging_trains_under_torchrun(small_shards, tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["byte_equivalent"] is True
     assert (s["local_sgd"]["outer_optimizer"], s["local_sgd"]["syncs"]) == ("none (parameter averaging)", 2)
+
+
+@pytest.mark.slow
+def test_diloco_with_bf16_syncs_trains_under_torchrun_and_the_ranks_agree(small_shards, tmp_path):
+    out = tmp_path / "out"
+    r = torchrun(["--data", small_shards, "--out", out, "--steps", 8, *TINY, "--sync-every", "4",
+                  "--allow-local-sgd", "--comm", "bf16", "--check-every", "1"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "MB per sync in bf16" in r.stdout
+    s = json.loads((out / "summary.json").read_text())
+    n = param_count(GPTConfig(seq_len=32, n_layer=1, n_embd=64, n_head=1))
+    assert s["byte_equivalent"] is True  # --check-every 1: the checksums agreed after each sync
+    ls = s["local_sgd"]
+    assert (ls["sync_dtype"], ls["syncs"], ls["bytes_per_sync"]) == ("bf16", 2, n * 2)
