@@ -69,6 +69,14 @@ SIZES = {
     "large-b1-local": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
                                  "--batch-size", "1", "--lr", "1e-3", "--eval-batches", "16"],
                        "steps": 16, "warmup": 1, "comms": ["fp32", "local16"], "repeat": 3},
+    # the same at 96 steps (6 to 24 syncs; the cosine schedule decays to the end): how the loss gap and the
+    # speed move with H, 16-bit syncs and plain averaging vs DiLoCo. Validation reference: 1x2 (fp32, the
+    # same optimization as 2x1-fp32 without the 5 s/step link wait), e.g. run once with --runs 1x2
+    "large-b1-long": {"model": ["--depth", "8", "--n-embd", "1152", "--n-head", "18", "--seq-len", "128",
+                                "--batch-size", "1", "--lr", "1e-3", "--eval-batches", "16"],
+                      "steps": 96, "warmup": 2,
+                      "comms": ["local4-bf16-avg", "local8-bf16-avg", "local16-bf16-avg", "local16-avg",
+                                "local16-bf16"], "repeat": 3},
 }
 COMMON = ["--threads", "1", "--log-every", "1", "--powersgd-start-step", "2", "--pg-timeout-s", "600",
           "--check-every", "0"]

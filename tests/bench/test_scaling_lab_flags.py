@@ -1,0 +1,28 @@
+"""The scaling lab's run labels map onto the trainer's flags, and the trainer accepts each of them."""
+
+import pytest
+
+from bench import scaling_lab
+from trainer.config import check_args
+
+
+@pytest.mark.parametrize("label, want", [
+    ("fp32", ["--comm", "fp32"]),
+    ("powersgd", ["--comm", "powersgd"]),
+    ("local16", ["--comm", "fp32", "--sync-every", "16", "--allow-local-sgd"]),
+    ("local8-bf16", ["--comm", "bf16", "--sync-every", "8", "--allow-local-sgd"]),
+    ("local4-bf16-avg", ["--comm", "bf16", "--sync-every", "4", "--allow-local-sgd", "--outer-lr", "1",
+                         "--outer-momentum", "0"]),
+    ("local16-avg", ["--comm", "fp32", "--sync-every", "16", "--allow-local-sgd", "--outer-lr", "1",
+                     "--outer-momentum", "0"]),
+])
+def test_a_label_becomes_trainer_flags_the_trainer_accepts(label, want):
+    assert scaling_lab.comm_flags(label) == want
+    assert check_args(["--data", "d", "--out", "o", *want]) is None
+
+
+def test_every_size_names_comms_the_lab_can_run():
+    for size, spec in scaling_lab.SIZES.items():
+        for comm in spec["comms"]:
+            flags = scaling_lab.comm_flags(comm)
+            assert check_args(["--data", "d", "--out", "o", *spec["model"], *flags]) is None, (size, comm)
