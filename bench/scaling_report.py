@@ -85,9 +85,15 @@ def run_row(run: dict, base_tps: float | None, rate_bps: float | None) -> dict:
     ranks = nodes * per_node
     total_s = sum(r["dt_ms"] for r in recs) / 1e3
     tps = sum(r["tokens"] for r in recs) / total_s
-    med = {k: statistics.median(r[k] for r in recs)
-           for k in ("dt_ms", "compute_ms", "allreduce_ms", "exposed_ms")}
+    keys = ("dt_ms", "compute_ms", "allreduce_ms", "exposed_ms")
+    med = {k: statistics.median(r[k] for r in recs) for k in keys}
     nbytes = recs[-1]["allreduce_bytes"]
+    syncs = [r for r in recs if "sync_ms" in r and r["allreduce_bytes"]]
+    if syncs:  # local SGD: most steps send nothing, so the median step would hide the syncs' cost
+        med = {k: statistics.fmean(r[k] for r in recs) for k in keys}  # per step, syncs included
+        nbytes = statistics.fmean(r["allreduce_bytes"] for r in recs)
+        per_sync = {"ms": statistics.median(r["allreduce_ms"] for r in syncs),
+                    "bytes": syncs[-1]["allreduce_bytes"]}
     comp, ar = sum(r["compute_ms"] for r in recs), sum(r["allreduce_ms"] for r in recs)
     row = {
         "label": run["label"], "nodes": nodes, "ranks_per_node": per_node, "ranks": ranks,
@@ -105,12 +111,16 @@ def run_row(run: dict, base_tps: float | None, rate_bps: float | None) -> dict:
         "steps": len(run["metrics"]), "threads": run["config"].get("threads_resolved"),
         "cores_per_node": run.get("cores_per_node"), "load_before": run.get("load_before"),
     }
-    if ranks > 1 and med["allreduce_ms"] > 0:
-        bus_bytes = 2 * (ranks - 1) / ranks * nbytes
-        row["busbw_gbit_s"] = bus_bytes * 8 / (med["allreduce_ms"] / 1e3) / 1e9
+    # the link: one all-reduce (a step's, or a local-SGD sync's) against the wire's limit
+    one = per_sync if syncs else {"ms": med["allreduce_ms"], "bytes": nbytes}
+    if syncs:
+        row["sync_ms"], row["sync_bytes"] = one["ms"], one["bytes"]
+    if ranks > 1 and one["ms"] > 0:
+        bus_bytes = 2 * (ranks - 1) / ranks * one["bytes"]
+        row["busbw_gbit_s"] = bus_bytes * 8 / (one["ms"] / 1e3) / 1e9
         if nodes > 1 and rate_bps:
             row["limit_ms"] = bus_bytes * 8 / rate_bps * 1e3
-            row["link_pct"] = 100 * row["limit_ms"] / med["allreduce_ms"]
+            row["link_pct"] = 100 * row["limit_ms"] / one["ms"]
     return row
 
 
@@ -304,6 +314,13 @@ def markdown(rep: dict) -> str:
                 f"{_f(r['link_pct'])} | {_f(r['alpha'], '.3f')} | {r['loss_last']:.3f} | "
                 f"{_f(r['val_loss'], '.4f')} | {loads} |")
         lines.append("")
+        local = [r for r in e["rows"] if r.get("sync_ms") is not None]
+        if local:
+            per = ", ".join(f"{r['label']} {r['sync_ms']:.0f} ms for {r['sync_bytes'] / 1e6:.0f} MB"
+                            for r in local)
+            lines += ["Low-communication rows: step, compute, all-reduce and exposed ms and MB/step are "
+                      "means per step, the syncs included; bus Gbit/s, limit and % of link are those of one "
+                      f"sync (median): {per}.", ""]
         if e.get("val_vs_fp32"):
             base = e["val_reference"]
             vals = ", ".join(f"{label} {100 * (v['median'] - 1):+.2f} % [{100 * (v['min'] - 1):+.2f} to "

@@ -231,3 +231,34 @@ def test_without_a_2_node_fp32_run_1_node_x_2_ranks_is_the_validation_reference(
                                                                     "n": 1})}
     assert "against 1x2, within each round: 2x1-local16-bf16 +5.00 % [+5.00 to +5.00]." in \
         scaling_report.markdown(rep)
+
+
+def test_a_local_sgd_row_shows_per_step_means_with_its_syncs_and_one_sync_against_the_link(tmp_path):
+    # by hand: 8 timed steps of 1000 ms compute; steps 4 and 8 sync 250 MB in 2500 ms (exposed):
+    # step ms mean = (6 * 1000 + 2 * 3500) / 8 = 1625; all-reduce mean = 5000 / 8 = 625; MB/step = 62.5;
+    # one sync: bus bytes 2 * (2-1)/2 * 250 MB = 250 MB = 2 Gbit in 2.5 s = 0.8 Gbit/s; limit at 1 Gbit/s
+    # 2000 ms = 80 % of the link
+    node0 = tmp_path / "raw" / "small" / "2x1-local4-bf16" / "round0" / "node0"
+    node0.mkdir(parents=True)
+    recs = []
+    for s in range(1, 9):
+        sync = s % 4 == 0
+        ms = 2500.0 if sync else 0.0
+        recs.append({"step": s, "loss": 3.0, "dt_ms": 1000 + ms, "tokens": 2 * TOKENS, "compute_ms": 1000.0,
+                     "allreduce_ms": ms, "exposed_ms": ms, "allreduce_bytes": 250_000_000 if sync else 0,
+                     "synced": sync, **({"sync_ms": ms} if sync else {})})
+    (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": 0}))
+    (node0 / "summary.json").write_text(json.dumps({"comm_chosen": "bf16"}))
+    (node0.parent / "run.json").write_text(json.dumps({"nodes": 2, "ranks_per_node": 1,
+                                                       "comm": "local4-bf16", "load_before": [1, 1, 1]}))
+    write_round(tmp_path, "1x1", 0, 1, 1000)
+    (tmp_path / "meta.json").write_text(json.dumps({"id": "l", "nodes": 2, "rate_bps": RATE}))
+    rep = scaling_report.build(scaling_report.collect(tmp_path))
+    row = {r["label"]: r for r in rep["sizes"]["small"]["rows"]}["2x1-local4-bf16"]
+    assert row["step_ms"] == pytest.approx(1625) and row["compute_ms"] == pytest.approx(1000)
+    assert row["allreduce_ms"] == pytest.approx(625) and row["allreduce_bytes"] == pytest.approx(62.5e6)
+    assert (row["sync_ms"], row["sync_bytes"]) == (2500, 250_000_000)
+    assert row["busbw_gbit_s"] == pytest.approx(0.8) and row["link_pct"] == pytest.approx(80)
+    assert row["efficiency"] == pytest.approx(1000 / 1625)  # 2048 tokens per 1625 ms over 2 x 1024 tok/s
+    assert "2x1-local4-bf16 2500 ms for 250 MB" in scaling_report.markdown(rep)
