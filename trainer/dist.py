@@ -82,8 +82,9 @@ def cleanup():
         dist.destroy_process_group()
 
 
-def wrap_for_ddp(model: torch.nn.Module, bucket_cap_mb: float = 25.0):
-    """DistributedDataParallel on a distributed run, the bare model otherwise."""
+def wrap_for_ddp(model: torch.nn.Module, bucket_cap_mb: float = 25.0, init_sync: bool = True):
+    """DistributedDataParallel on a distributed run, the bare model otherwise. init_sync=False: the ranks
+    already hold the same parameters (checked by the caller), so DDP's start-up broadcast is skipped."""
     if not _INFO.is_distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -94,7 +95,7 @@ def wrap_for_ddp(model: torch.nn.Module, bucket_cap_mb: float = 25.0):
     # core: compute 1,217 -> 1,066 ms per step). forward_sync_buffers=False: our only buffers (rotary
     # tables) are constants.
     return DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True,
-               forward_sync_buffers=False)
+               forward_sync_buffers=False, init_sync=init_sync)
 
 
 def no_sync(model, skip: bool):

@@ -19,7 +19,7 @@ import torch
 
 from trainer import checkpoint, elastic
 from trainer import dist as D
-from trainer.agreement import agree, check_params_agree, setup_checks
+from trainer.agreement import agree, check_params_agree, params_already_agree, setup_checks
 from trainer.balance import ShareController, micro_sizes
 from trainer.comm import GradComm
 from trainer.config import TrainConfig, UsageError, parse_config
@@ -185,12 +185,12 @@ def run(cfg: TrainConfig) -> int:
         D.print0(f"ddplab: resumed from {resumed['path']} at step {start_step}")
 
     model = torch.compile(raw) if cfg.compile else raw
-    model = D.wrap_for_ddp(model, cfg.bucket_cap_mb)
+    model = D.wrap_for_ddp(model, cfg.bucket_cap_mb, init_sync=not params_already_agree(raw))
     timer = CommTimer()
     comm = GradComm(cfg, di.world_size, timer)
     comm.install(model)
     if local:
-        lsgd.reset_anchor()  # DDP broadcast rank 0's parameters into the model
+        lsgd.reset_anchor()  # the ranks' parameters are the same now (equal already, or broadcast by DDP)
     if resumed is not None and cfg.comm in ("powersgd", "auto") and di.world_size > 1:
         # PowerSGD's error feedback is per rank and as large as the gradients; it is not checkpointed
         D.print0(f"ddplab: note: --comm {cfg.comm} after a resume starts afresh (" +

@@ -5,7 +5,8 @@
 Nothing in trainer/ changes: a global optimizer step post-hook (torch's public API) adds a small
 constant to the first parameter on PERTURB_RANK after its PERTURB_AFTER_STEP-th step. DDP only keeps
 ranks identical by applying the same averaged gradient, so the difference stays and the trainer's
-parameter checksum must catch it.
+parameter checksum must catch it. PERTURB_AFTER_STEP=0 nudges the freshly built model instead (as a CPU
+whose random-number kernels differ would initialize it): the trainer must broadcast rank 0's.
 """
 
 import os
@@ -14,20 +15,34 @@ import sys
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+import trainer.train
 from trainer.train import main
 
 _steps = 0
+_GPT = trainer.train.GPT
+
+
+def _mine() -> bool:
+    return int(os.environ.get("RANK", "0")) == int(os.environ["PERTURB_RANK"])
+
+
+def _built(*args, **kwargs):
+    model = _GPT(*args, **kwargs)
+    if _mine() and int(os.environ["PERTURB_AFTER_STEP"]) == 0:
+        with torch.no_grad():
+            next(model.parameters()).add_(1e-3)
+    return model
 
 
 def _nudge(optimizer, args, kwargs) -> None:
     global _steps
     _steps += 1
-    if int(os.environ.get("RANK", "0")) == int(os.environ["PERTURB_RANK"]) \
-            and _steps == int(os.environ["PERTURB_AFTER_STEP"]):
+    if _mine() and _steps == int(os.environ["PERTURB_AFTER_STEP"]):
         with torch.no_grad():
             optimizer.param_groups[0]["params"][0].add_(1e-3)
 
 
 if __name__ == "__main__":
     register_optimizer_step_post_hook(_nudge)
+    trainer.train.GPT = _built
     sys.exit(main(sys.argv[1:]))

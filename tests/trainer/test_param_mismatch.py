@@ -15,10 +15,10 @@ from tests.helpers.trainer_runs import REPO, TINY, env, error_lines, free_port
 pytestmark = pytest.mark.slow
 
 
-def _start(rank: int, port: int, args: list) -> subprocess.Popen:
+def _start(rank: int, port: int, args: list, after_step: int = 2) -> subprocess.Popen:
     e = env() | {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PERTURB_RANK": "1",
-                 "PERTURB_AFTER_STEP": "2"}
+                 "PERTURB_AFTER_STEP": str(after_step)}
     return subprocess.Popen([sys.executable, "-m", "tests.helpers.perturbed_trainer", *map(str, args)],
                             cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -41,3 +41,16 @@ def test_ranks_with_different_parameters_exit_3_and_claim_no_byte_equality(shard
     # the run stopped at the check: no summary is written, so none can claim byte equality
     assert sorted(p.name for p in out.glob("summary*.json")) == []
     assert (out / "config.json").exists()  # the run did start and write its resolved config
+
+
+def test_ranks_whose_initial_parameters_differ_get_rank_0s_and_train_one_model(shards, tmp_path):
+    # ranks that start equal skip DDP's broadcast of the whole model (tests/trainer/test_ddp.py); ranks
+    # that do not (another CPU's random-number kernel) must still train one model: DDP broadcasts rank 0's
+    out = tmp_path / "out"
+    args = ["--data", shards, "--out", out, "--steps", "3", "--check-every", "1", *TINY]
+    port = free_port()
+    procs = [_start(rank, port, args, after_step=0) for rank in (0, 1)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+    assert "ddplab: the ranks' initial parameters differ" in results[0][0]
+    assert (out / "summary.json").exists()  # --check-every 1: the checksums agreed after every step
