@@ -93,7 +93,9 @@ def run_row(run: dict, base_tps: float | None, rate_bps: float | None) -> dict:
         med = {k: statistics.fmean(r[k] for r in recs) for k in keys}  # per step, syncs included
         nbytes = statistics.fmean(r["allreduce_bytes"] for r in recs)
         per_sync = {"ms": statistics.median(r["allreduce_ms"] for r in syncs),
-                    "bytes": syncs[-1]["allreduce_bytes"]}
+                    "bytes": syncs[-1]["allreduce_bytes"],
+                    # the wait for the slower rank before the transfer (trainers that measure it apart)
+                    "wait": statistics.median(r.get("sync_wait_ms", 0.0) for r in syncs)}
     comp, ar = sum(r["compute_ms"] for r in recs), sum(r["allreduce_ms"] for r in recs)
     row = {
         "label": run["label"], "nodes": nodes, "ranks_per_node": per_node, "ranks": ranks,
@@ -114,7 +116,7 @@ def run_row(run: dict, base_tps: float | None, rate_bps: float | None) -> dict:
     # the link: one all-reduce (a step's, or a local-SGD sync's) against the wire's limit
     one = per_sync if syncs else {"ms": med["allreduce_ms"], "bytes": nbytes}
     if syncs:
-        row["sync_ms"], row["sync_bytes"] = one["ms"], one["bytes"]
+        row["sync_ms"], row["sync_bytes"], row["sync_wait_ms"] = one["ms"], one["bytes"], one["wait"]
     if ranks > 1 and one["ms"] > 0:
         bus_bytes = 2 * (ranks - 1) / ranks * one["bytes"]
         row["busbw_gbit_s"] = bus_bytes * 8 / (one["ms"] / 1e3) / 1e9
@@ -316,8 +318,8 @@ def markdown(rep: dict) -> str:
         lines.append("")
         local = [r for r in e["rows"] if r.get("sync_ms") is not None]
         if local:
-            per = ", ".join(f"{r['label']} {r['sync_ms']:.0f} ms for {r['sync_bytes'] / 1e6:.0f} MB"
-                            for r in local)
+            per = ", ".join(f"{r['label']} {r['sync_ms']:.0f} ms for {r['sync_bytes'] / 1e6:.0f} MB after "
+                            f"{r.get('sync_wait_ms') or 0:.0f} ms waiting for the slower rank" for r in local)
             lines += ["Low-communication rows: step, compute, all-reduce and exposed ms and MB/step are "
                       "means per step, the syncs included; bus Gbit/s, limit and % of link are those of one "
                       f"sync (median): {per}.", ""]

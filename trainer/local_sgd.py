@@ -85,35 +85,43 @@ class LocalSGD:
         fp32 = self.wire == torch.float32
         return self.numel * (self.params[0].element_size() if fp32 else self.wire.itemsize)
 
-    def _mean_16bit(self, deltas: list[torch.Tensor], world: int) -> None:
+    def _mean_16bit(self, deltas: list[torch.Tensor], world: int) -> dict:
         """Replace `deltas` by their mean over the ranks, sent as one 16-bit buffer (as DDP's
         bf16/fp16 compress hooks do: divide first, so fp16's range holds the sum)."""
         flat = torch.cat([d.reshape(-1) for d in deltas]).div_(world)
         wire = flat.to(self.wire)
-        dist.all_reduce(wire, group=self.group)
+        timed = self._all_reduce(lambda: dist.all_reduce(wire, group=self.group))
         flat.copy_(wire)
         offset = 0
         for d in deltas:
             d.copy_(flat[offset:offset + d.numel()].view_as(d))
             offset += d.numel()
+        return timed
+
+    def _all_reduce(self, send) -> dict:
+        """The ranks meet first (a one-number all-reduce: the wait for the slowest rank, whose H steps took
+        longer), then `send` runs: its time is the transfer alone, what the link costs."""
+        t0 = time.perf_counter()
+        dist.all_reduce(torch.zeros(1), group=self.group)
+        t1 = time.perf_counter()
+        send()
+        return {"wait_ms": (t1 - t0) * 1e3, "sync_ms": (time.perf_counter() - t1) * 1e3}
 
     @torch.no_grad()
     def sync(self) -> dict:
-        """All ranks: average (plain) or outer-step (DiLoCo). Returns the all-reduce's ms and bytes."""
+        """All ranks: average (plain) or outer-step (DiLoCo). Returns the ms waiting for the other ranks,
+        the ms of the all-reduce and its bytes."""
         world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        timed = {"wait_ms": 0.0, "sync_ms": 0.0}
         if not self.anchor:  # plain fp32 averaging: the parameters themselves
-            t0 = time.perf_counter()
             if world > 1:
-                average_parameters(iter(self.params), self.group)
-            ms = (time.perf_counter() - t0) * 1e3
+                timed = self._all_reduce(lambda: average_parameters(iter(self.params), self.group))
         else:
             deltas = [a - p for a, p in zip(self.anchor, self.params, strict=True)]  # outer gradient
-            t0 = time.perf_counter()
             if world > 1 and self.wire != torch.float32:
-                self._mean_16bit(deltas, world)
-            elif world > 1:
-                average_parameters(iter(deltas), self.group)  # rebinds each delta's .data to the mean
-            ms = (time.perf_counter() - t0) * 1e3
+                timed = self._mean_16bit(deltas, world)
+            elif world > 1:  # average_parameters rebinds each delta's .data to the mean
+                timed = self._all_reduce(lambda: average_parameters(iter(deltas), self.group))
             if self.outer is None:  # plain averaging of 16-bit deltas: anchor - mean delta
                 for a, d in zip(self.anchor, deltas, strict=True):
                     a.sub_(d)
@@ -124,7 +132,7 @@ class LocalSGD:
                 self.outer.zero_grad(set_to_none=True)
             for p, a in zip(self.params, self.anchor, strict=True):
                 p.copy_(a)
-        return {"sync_ms": ms, "sync_bytes": self.bytes_per_sync if world > 1 else 0}
+        return timed | {"sync_bytes": self.bytes_per_sync if world > 1 else 0}
 
     def state_dict(self) -> dict:
         """The outer optimizer's state (the anchor equals the parameters right after a sync)."""
@@ -148,7 +156,8 @@ class LocalSGD:
                 "SGD" + (" nesterov" if self.outer_momentum > 0 else ""),
                 "syncs": len(synced), "bytes_per_sync": self.bytes_per_sync,
                 "comm_bytes_per_step": total / len(records) if records else None,
-                "sync_ms_p50": percentile([r["sync_ms"] for r in synced], 50)}
+                "sync_ms_p50": percentile([r["sync_ms"] for r in synced], 50),
+                "sync_wait_ms_p50": percentile([r["sync_wait_ms"] for r in synced], 50)}
 
 
 def gather_to_main(obj):

@@ -241,10 +241,10 @@ def run(cfg: TrainConfig) -> int:
         sync = lsgd.sync() if local and synced else None
         dt = time.perf_counter() - t0
         c = timer.step_stats()
-        if local:  # no gradient all-reduce; the parameter sync's all-reduce blocks, so all of it is exposed
-            ms = sync["sync_ms"] if sync else 0.0
-            c = {"allreduce_ms": ms, "exposed_ms": ms, "allreduce_bytes": sync["sync_bytes"] if sync else 0,
-                 "buckets": 1 if sync else 0}
+        if local:  # no gradient all-reduce; a sync blocks: the wait for the slowest rank, then the transfer
+            sync = sync or {"sync_ms": 0.0, "wait_ms": 0.0, "sync_bytes": 0}
+            c = {"allreduce_ms": sync["sync_ms"], "exposed_ms": sync["wait_ms"] + sync["sync_ms"],
+                 "allreduce_bytes": sync["sync_bytes"], "buckets": 1 if sync["sync_bytes"] else 0}
         rec = {"step": step + 1, "loss": loss_sum, "lr": lr, "dt_ms": dt * 1e3,
                "tokens": tokens_per_step, "tokens_per_sec": tokens_per_step / dt,
                "compute_ms": dt * 1e3 - c["exposed_ms"], "allreduce_ms": c["allreduce_ms"],
@@ -253,7 +253,7 @@ def run(cfg: TrainConfig) -> int:
                "share": mine, "wait_ms": c["exposed_ms"], "synced": synced,
                "mfu": mfu(flops_per_token(gcfg), tokens_per_step / dt, peaks)}
         if local:
-            rec["sync_ms"] = c["allreduce_ms"]
+            rec["sync_ms"], rec["sync_wait_ms"] = c["allreduce_ms"], c["exposed_ms"] - c["allreduce_ms"]
         if want_mean:
             rec["loss_mean"] = float(mean_buf[0] / mean_buf[1])
         if not math.isfinite(loss_sum):

@@ -246,7 +246,7 @@ def test_a_local_sgd_row_shows_per_step_means_with_its_syncs_and_one_sync_agains
         ms = 2500.0 if sync else 0.0
         recs.append({"step": s, "loss": 3.0, "dt_ms": 1000 + ms, "tokens": 2 * TOKENS, "compute_ms": 1000.0,
                      "allreduce_ms": ms, "exposed_ms": ms, "allreduce_bytes": 250_000_000 if sync else 0,
-                     "synced": sync, **({"sync_ms": ms} if sync else {})})
+                     "synced": sync, **({"sync_ms": ms, "sync_wait_ms": 300.0} if sync else {})})
     (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": 0}))
     (node0 / "summary.json").write_text(json.dumps({"comm_chosen": "bf16"}))
@@ -261,4 +261,4 @@ def test_a_local_sgd_row_shows_per_step_means_with_its_syncs_and_one_sync_agains
     assert (row["sync_ms"], row["sync_bytes"]) == (2500, 250_000_000)
     assert row["busbw_gbit_s"] == pytest.approx(0.8) and row["link_pct"] == pytest.approx(80)
     assert row["efficiency"] == pytest.approx(1000 / 1625)  # 2048 tokens per 1625 ms over 2 x 1024 tok/s
-    assert "2x1-local4-bf16 2500 ms for 250 MB" in scaling_report.markdown(rep)
+    assert "2x1-local4-bf16 2500 ms for 250 MB after 300 ms waiting" in scaling_report.markdown(rep)
