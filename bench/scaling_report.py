@@ -95,7 +95,8 @@ def run_row(run: dict, base_tps: float | None, rate_bps: float | None) -> dict:
         per_sync = {"ms": statistics.median(r["allreduce_ms"] for r in syncs),
                     "bytes": syncs[-1]["allreduce_bytes"],
                     # the wait for the slower rank before the transfer (trainers that measure it apart)
-                    "wait": statistics.median(r.get("sync_wait_ms", 0.0) for r in syncs)}
+                    "wait": statistics.median(r["sync_wait_ms"] for r in syncs)
+                    if all("sync_wait_ms" in r for r in syncs) else None}
     comp, ar = sum(r["compute_ms"] for r in recs), sum(r["allreduce_ms"] for r in recs)
     row = {
         "label": run["label"], "nodes": nodes, "ranks_per_node": per_node, "ranks": ranks,
@@ -318,8 +319,10 @@ def markdown(rep: dict) -> str:
         lines.append("")
         local = [r for r in e["rows"] if r.get("sync_ms") is not None]
         if local:
-            per = ", ".join(f"{r['label']} {r['sync_ms']:.0f} ms for {r['sync_bytes'] / 1e6:.0f} MB after "
-                            f"{r.get('sync_wait_ms') or 0:.0f} ms waiting for the slower rank" for r in local)
+            per = ", ".join(f"{r['label']} {r['sync_ms']:.0f} ms for {r['sync_bytes'] / 1e6:.0f} MB" +
+                            (f" after {r['sync_wait_ms']:.0f} ms waiting for the slower rank"
+                             if r.get("sync_wait_ms") is not None else " (the wait for the slower rank "
+                             "included: not measured apart)") for r in local)
             lines += ["Low-communication rows: step, compute, all-reduce and exposed ms and MB/step are "
                       "means per step, the syncs included; bus Gbit/s, limit and % of link are those of one "
                       f"sync (median): {per}.", ""]
