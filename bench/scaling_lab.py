@@ -8,8 +8,9 @@ Runs the same model and per-rank batch as
   Nx1-<comm> N nodes x 1 rank: simlan node0..N-1, each pinned to its own core (--cpus auto), link shaped
             to --rate, one thread per rank; fp32 and each --comm option (small model), fp32 and auto (large)
 probes the link with `python -m nodeprobe gloo-smoke` on every node, and writes into runs/bench-<id>/:
-raw/ (each node's trainer out dir), probe/, meta.json, then report.md, report.json, scaling.png and
-loss.png (bench/scaling_report.py; rebuild with `python bench/scaling_report.py runs/bench-<id>`), and
+raw/ (each node's trainer out dir), probe/, meta.json, then report.md, report.json, scaling.png,
+loss.png and tradeoff.png (where validation losses were compared; bench/scaling_report.py; rebuild
+with `python bench/scaling_report.py runs/bench-<id>`), and
 copies the report to bench/results/scaling_lab/. Every configuration runs once per round, --repeat
 rounds (3 by default), interleaved; every round is kept, and the report gives medians with min-max and
 takes each ratio within a round (bench/scaling_report.py): other work on the machine shares the cores,
@@ -367,10 +368,10 @@ class Lab:
         print(scaling_report.markdown(rep))
         results = REPO / a.results  # the latest lab of this kind, beside the other benches
         results.mkdir(parents=True, exist_ok=True)
-        for name in ("report.md", "report.json", "scaling.png", "loss.png"):
+        for name in ("report.md", "report.json", "scaling.png", "loss.png", "tradeoff.png"):
             if (self.bench / name).exists():
                 shutil.copy2(self.bench / name, results / name)
-        print(f"wrote {self.bench}/report.md, report.json, scaling.png, loss.png (copied to {results})")
+        print(f"wrote {self.bench}/report.md, report.json and the plots (copied to {results})")
 
 
 def main(argv=None) -> int:

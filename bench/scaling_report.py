@@ -417,6 +417,34 @@ def plots(rep: dict, out: Path) -> None:
         fig.savefig(out / "loss.png", dpi=110)
         plt.close(fig)
 
+    # what a way of synchronizing buys in speed and costs in validation loss at equal tokens
+    sizes = [(s, e) for s, e in rep["sizes"].items() if any(e.get("val_vs_fp32", {}).values())]
+    if sizes:
+        fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.4), squeeze=False)
+        for ax, (size, e) in zip(axes[0], sizes, strict=True):
+            rows = {r["label"]: r for r in e["rows"]}
+            ref = rows[e["val_reference"]]
+            pts = [(ref, 0.0, 0.0, 0.0)] + [(rows[lb], *(100 * (v[k] - 1) for k in ("median", "min", "max")))
+                                             for lb, v in e["val_vs_fp32"].items() if v]
+            for i, (r, y, lo, hi) in enumerate(sorted(pts, key=lambda p: p[1])):
+                if r["speedup"] is None:
+                    continue
+                ax.errorbar([r["speedup"]], [y], xerr=[[r["speedup"] - r["speedup_min"]],
+                                                       [r["speedup_max"] - r["speedup"]]],
+                            yerr=[[y - lo], [hi - y]], fmt="s" if r is ref else "o", capsize=3)
+                ax.annotate(r["label"], (r["speedup"], y), textcoords="offset points",  # alternate: labels
+                            xytext=(5, 4 if i % 2 else -11), fontsize=7)           # of equal losses apart
+            ax.axhline(0, color="k", lw=0.8)
+            ax.axvline(1, color="grey", lw=0.8, ls=":")
+            ax.set_title(f"{size}: speed vs loss, reference {e['val_reference']} ({e['rounds']} rounds)",
+                         fontsize=9)
+            ax.set_xlabel("tokens/s vs 1 node (median, min-max)")
+            ax.set_ylabel("validation loss vs the reference at equal tokens (%)")
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "tradeoff.png", dpi=110)
+        plt.close(fig)
+
 
 def write(rep: dict, out: Path) -> None:
     out = Path(out)

@@ -231,6 +231,8 @@ def test_without_a_2_node_fp32_run_1_node_x_2_ranks_is_the_validation_reference(
                                                                     "n": 1})}
     assert "against 1x2, within each round: 2x1-local16-bf16 +5.00 % [+5.00 to +5.00]." in \
         scaling_report.markdown(rep)
+    scaling_report.plots(rep, tmp_path)  # speed vs validation loss: drawn where losses were compared
+    assert (tmp_path / "tradeoff.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_local_sgd_row_shows_per_step_means_with_its_syncs_and_one_sync_against_the_link(tmp_path):
