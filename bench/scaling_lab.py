@@ -89,11 +89,14 @@ class BenchError(RuntimeError):
     pass
 
 
+LOCAL = re.compile(r"local(\d+)(-bf16)?(-avg)?")  # the low-communication mode's run labels
+
+
 def comm_flags(comm: str) -> list[str]:
     """A run's way of synchronizing: a --comm option, or local<H>[-bf16][-avg]: the low-communication mode
     (DiLoCo, a parameter sync every H steps; -bf16: the sync sends 16-bit deltas; -avg: plain averaging,
     outer lr 1 and no momentum)."""
-    m = re.fullmatch(r"local(\d+)(-bf16)?(-avg)?", comm)
+    m = LOCAL.fullmatch(comm)
     if m:
         return (["--comm", "bf16" if m.group(2) else "fp32", "--sync-every", m.group(1), "--allow-local-sgd"]
                 + (["--outer-lr", "1", "--outer-momentum", "0"] if m.group(3) else []))
@@ -406,10 +409,10 @@ def main(argv=None) -> int:
     a.comms = a.comms.split(",") if a.comms else None
     from trainer.config import COMM_CHOICES
 
-    wrong = [c for c in a.comms or () if c not in COMM_CHOICES and not re.fullmatch(r"local\d+", c)]
+    wrong = [c for c in a.comms or () if c not in COMM_CHOICES and not LOCAL.fullmatch(c)]
     if wrong:
-        print(f"ddplab: error: --comms takes {', '.join(COMM_CHOICES)} or local<H> (e.g. local8), got "
-              f"{', '.join(wrong)}", file=sys.stderr)
+        print(f"ddplab: error: --comms takes {', '.join(COMM_CHOICES)} or local<H>[-bf16][-avg] (e.g. "
+              f"local8, local16-bf16-avg), got {', '.join(wrong)}", file=sys.stderr)
         return 2
     a.runs = set(a.runs.split(",")) if a.runs else None
     from simlan.errors import SimlanError
@@ -424,6 +427,10 @@ def main(argv=None) -> int:
     except (BenchError, SimlanError) as e:
         print(f"ddplab: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the cluster is down (Lab.main's finally); rounds kept
+        print(f"ddplab: interrupted; the finished runs stay in runs/bench-{a.id}/raw (rebuild the report "
+              f"with `python bench/scaling_report.py runs/bench-{a.id}`)", file=sys.stderr)
+        return 130
     return 0
 
 

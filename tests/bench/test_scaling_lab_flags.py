@@ -26,3 +26,10 @@ def test_every_size_names_comms_the_lab_can_run():
         for comm in spec["comms"]:
             flags = scaling_lab.comm_flags(comm)
             assert check_args(["--data", "d", "--out", "o", *spec["model"], *flags]) is None, (size, comm)
+
+
+def test_comms_takes_every_label_comm_flags_knows_and_names_the_wrong_one(capsys):
+    assert scaling_lab.main(["--comms", "local16-bf16-avg,local8,fp32,local4-fast"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddplab: error: --comms takes ")
+    assert err[0].endswith("got local4-fast")
