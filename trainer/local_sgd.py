@@ -102,7 +102,7 @@ class LocalSGD:
         """The ranks meet first (a one-number all-reduce: the wait for the slowest rank, whose H steps took
         longer), then `send` runs: its time is the transfer alone, what the link costs."""
         t0 = time.perf_counter()
-        dist.all_reduce(torch.zeros(1), group=self.group)
+        dist.all_reduce(torch.zeros(1, device=self.params[0].device), group=self.group)  # nccl: on the GPU
         t1 = time.perf_counter()
         send()
         return {"wait_ms": (t1 - t0) * 1e3, "sync_ms": (time.perf_counter() - t1) * 1e3}
