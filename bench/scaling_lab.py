@@ -265,6 +265,10 @@ class Lab:
             self.run_nodes(argv, names, rdir / "logs")
         run.update(wall_s=round(time.monotonic() - t0, 1), load_after=load())
         s = json.loads((rdir / run.get("rank0_dir", "node0") / "summary.json").read_text())
+        # the report needs metrics and summaries only; a 128M run's final checkpoints (model and AdamW
+        # state of every rank: ~1.5 GB per node) would fill the disk over a lab's dozens of runs
+        for ckpt in rdir.glob("*/ckpt"):
+            shutil.rmtree(ckpt)
         run["round"] = attempt
         (rdir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
         print(f"    -> {s['tokens_per_sec']:.1f} tok/s, step p50 {s['step_ms_p50']:.0f} ms, all-reduce p50 "
