@@ -134,14 +134,20 @@ def test_plain_local_sgd_is_the_average_of_the_ranks_parameters_bit_for_bit():
 def test_diloco_outer_step_is_nesterov_sgd_on_the_mean_delta():
     lr, mu = 0.7, 0.9
     r0, r1 = _two_ranks(lr, mu)
+    _check_nesterov_by_hand(r0, r1, lr, mu, lambda a, b: a / 2 + b / 2)
+
+
+def _check_nesterov_by_hand(r0, r1, lr, mu, mean, nbytes=4):
+    """Every sync of both ranks against the outer Nesterov step computed by hand on `mean` of the deltas."""
     torch.manual_seed(0)  # both ranks started from this model
     m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     anchor, buf = [p.detach().clone() for p in m.parameters()], None
+    numel = sum(a.numel() for a in anchor)
     for s0, s1 in zip(r0, r1, strict=True):
+        assert s0["bytes"] == numel * nbytes
         assert s0["sha_before"] != s1["sha_before"] and s0["sha_after"] == s1["sha_after"]
         # by hand: g = mean over ranks of (anchor - theta_r); b = mu b + g; anchor -= lr (g + mu b)
-        g = [(a - t0) / 2 + (a - t1) / 2
-             for a, t0, t1 in zip(anchor, s0["before"], s1["before"], strict=True)]
+        g = [mean(a - t0, a - t1) for a, t0, t1 in zip(anchor, s0["before"], s1["before"], strict=True)]
         buf = g if buf is None else [mu * b + gi for b, gi in zip(buf, g, strict=True)]
         want = [a - lr * (gi + mu * b) for a, gi, b in zip(anchor, g, buf, strict=True)]
         for w, got in zip(want, s0["after"], strict=True):
@@ -159,20 +165,7 @@ def _mean_in_16_bits(a, b, dtype):
 def test_a_16_bit_sync_sends_half_the_bytes_and_every_rank_applies_the_same_mean(wire, dtype):
     lr, mu = 0.7, 0.9
     r0, r1 = _two_ranks(lr, mu, wire)
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
-    anchor, buf = [p.detach().clone() for p in m.parameters()], None
-    numel = sum(a.numel() for a in anchor)
-    for s0, s1 in zip(r0, r1, strict=True):
-        assert s0["bytes"] == numel * 2
-        assert s0["sha_before"] != s1["sha_before"] and s0["sha_after"] == s1["sha_after"]
-        g = [_mean_in_16_bits(a - t0, a - t1, dtype)
-             for a, t0, t1 in zip(anchor, s0["before"], s1["before"], strict=True)]
-        buf = g if buf is None else [mu * b + gi for b, gi in zip(buf, g, strict=True)]
-        want = [a - lr * (gi + mu * b) for a, gi, b in zip(anchor, g, buf, strict=True)]
-        for w, got in zip(want, s0["after"], strict=True):
-            torch.testing.assert_close(got, w, rtol=1e-6, atol=1e-7)
-        anchor = s0["after"]
+    _check_nesterov_by_hand(r0, r1, lr, mu, lambda a, b: _mean_in_16_bits(a, b, dtype), nbytes=2)
 
 
 @pytest.mark.slow
