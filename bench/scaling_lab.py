@@ -89,17 +89,18 @@ class BenchError(RuntimeError):
     pass
 
 
-LOCAL = re.compile(r"local(\d+)(-bf16)?(-avg)?")  # the low-communication mode's run labels
+LOCAL = re.compile(r"local(\d+)(-bf16)?(-avg)?(-ovl)?")  # the low-communication mode's run labels
 
 
 def comm_flags(comm: str) -> list[str]:
-    """A run's way of synchronizing: a --comm option, or local<H>[-bf16][-avg]: the low-communication mode
-    (DiLoCo, a parameter sync every H steps; -bf16: the sync sends 16-bit deltas; -avg: plain averaging,
-    outer lr 1 and no momentum)."""
+    """A run's way of synchronizing: a --comm option, or local<H>[-bf16][-avg][-ovl]: the low-communication
+    mode (DiLoCo, a parameter sync every H steps; -bf16: the sync sends 16-bit deltas; -avg: plain
+    averaging, outer lr 1 and no momentum; -ovl: the sync runs under the next H steps, --sync-overlap)."""
     m = LOCAL.fullmatch(comm)
     if m:
         return (["--comm", "bf16" if m.group(2) else "fp32", "--sync-every", m.group(1), "--allow-local-sgd"]
-                + (["--outer-lr", "1", "--outer-momentum", "0"] if m.group(3) else []))
+                + (["--outer-lr", "1", "--outer-momentum", "0"] if m.group(3) else [])
+                + (["--sync-overlap"] if m.group(4) else []))
     return ["--comm", comm]
 
 
@@ -415,7 +416,7 @@ def main(argv=None) -> int:
 
     wrong = [c for c in a.comms or () if c not in COMM_CHOICES and not LOCAL.fullmatch(c)]
     if wrong:
-        print(f"ddplab: error: --comms takes {', '.join(COMM_CHOICES)} or local<H>[-bf16][-avg] (e.g. "
+        print(f"ddplab: error: --comms takes {', '.join(COMM_CHOICES)} or local<H>[-bf16][-avg][-ovl] (e.g. "
               f"local8, local16-bf16-avg), got {', '.join(wrong)}", file=sys.stderr)
         return 2
     a.runs = set(a.runs.split(",")) if a.runs else None

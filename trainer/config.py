@@ -81,6 +81,7 @@ class TrainConfig:
     allow_local_sgd: bool = False
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    sync_overlap: bool = False
     # --- elastic runs (trainer/elastic.py) ---------------------------------------------------------------
     elastic: bool = False
     # filled in by __post_init__ when left at 0 (derived from depth)
@@ -150,6 +151,9 @@ class TrainConfig:
         need(self.sync_every >= 1, f"--sync-every must be at least 1, got {self.sync_every}")
         need(self.outer_lr > 0, f"--outer-lr must be positive, got {self.outer_lr}")
         need(0 <= self.outer_momentum < 1, f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        need(not self.sync_overlap or self.sync_every > 1,
+             "--sync-overlap hides the sync of the low-communication mode behind the next steps; add "
+             "--sync-every H (H > 1) and --allow-local-sgd, or drop --sync-overlap")
         if self.sync_every > 1:
             need(self.allow_local_sgd,
                  f"--sync-every {self.sync_every} changes the optimization (local SGD: each rank takes "
@@ -274,6 +278,9 @@ FIELD_HELP = {
     "outer_lr": "--sync-every > 1: outer learning rate on the averaged parameter change (1 with "
                 "--outer-momentum 0: plain parameter averaging)",
     "outer_momentum": "--sync-every > 1: outer Nesterov momentum (DiLoCo: 0.9; 0: plain SGD outer step)",
+    "sync_overlap": "--sync-every > 1: do not wait for a sync; its all-reduce runs during the next H steps "
+                    "and is applied one sync late, keeping each rank's progress made meanwhile (the ranks "
+                    "agree only at checks, checkpoints, evaluations and the end)",
     "elastic": "run under torchrun's elastic agent: every node keeps a copy of the checkpoints in its own "
                "--out, each (re)start resumes from the newest copy any node holds, the data position is "
                "one shared stream valid at any world size; OUT/membership.jsonl logs each group",

@@ -22,6 +22,16 @@ themselves must not be rounded to 16 bits). Not used, and why:
 that would need checkpointing; the post-local-SGD comm hook needs DDP's one hook slot (held by
 trainer/comm.py) and still all-reduces gradients every step within per-node subgroups.
 
+With `--sync-overlap` a sync no longer blocks: at each sync point the rank snapshots its parameters,
+starts the all-reduce of (snapshot - anchor) asynchronously (gloo runs it on its own thread) and goes on
+training; at the next sync point it waits for that all-reduce (usually done by then: H steps of compute
+hid the transfer), moves the anchor by the mean change (or the outer step), and keeps the progress made
+meanwhile: parameters = new anchor + (parameters now - snapshot). This is overlap local SGD (Wang et al.
+2020) / Streaming DiLoCo's overlapped communication (Douillard et al. 2025) with the whole model as one
+fragment, a delay of H steps, and the local progress kept rather than mixed (torchft's
+`fragment_update_alpha` 0 throws it away). The ranks then agree only where a check, checkpoint,
+evaluation or the run's end is due: there the pending all-reduce is finished and a blocking sync follows.
+
 Inner optimizer states (AdamW moments) stay per rank, as in DiLoCo; checkpoints keep every rank's.
 The last step of a run always synchronizes, so the final checkpoint and checksum follow a sync.
 """
@@ -51,7 +61,7 @@ class LocalSGD:
     """The outer loop of local SGD / DiLoCo over `params` (the bare model's parameters, in order)."""
 
     def __init__(self, params, sync_every: int, steps: int, outer_lr: float, outer_momentum: float,
-                 process_group=None, wire: str = "fp32"):
+                 process_group=None, wire: str = "fp32", overlap: bool = False):
         self.params = [p for p in params]
         self.sync_every, self.steps = sync_every, steps
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
@@ -61,7 +71,9 @@ class LocalSGD:
         self.numel = sum(p.numel() for p in self.params)
         self.anchor: list[torch.Tensor] = []
         self.outer = None
-        if not self.plain or self.wire != torch.float32:
+        self.overlap = overlap
+        self.pending = None  # --sync-overlap: (all-reduce work, wire buffer, snapshot of the parameters)
+        if not self.plain or self.wire != torch.float32 or overlap:
             # the synchronized parameters; the outer step moves these, then they are copied back
             self.anchor = [p.detach().clone() for p in self.params]
         if not self.plain:
@@ -107,11 +119,60 @@ class LocalSGD:
         send()
         return {"wait_ms": (t1 - t0) * 1e3, "sync_ms": (time.perf_counter() - t1) * 1e3}
 
+    def _step_anchor(self, deltas: list[torch.Tensor]) -> None:
+        """The synchronized parameters move by the mean outer gradient (anchor - parameters)."""
+        if self.outer is None:  # plain averaging: anchor - mean delta
+            for a, d in zip(self.anchor, deltas, strict=True):
+                a.sub_(d)
+        else:
+            for a, d in zip(self.anchor, deltas, strict=True):
+                a.grad = d
+            self.outer.step()
+            self.outer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def exchange(self) -> dict:
+        """--sync-overlap, all ranks at a sync point: apply the all-reduce started at the previous one,
+        then start the next from the parameters now. Returns the ms this blocked (the part of the
+        transfer H steps did not hide, plus the copies) and the bytes sent."""
+        t0 = time.perf_counter()
+        self._finish_pending()
+        world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        snapshot = [p.detach().clone() for p in self.params]
+        flat = torch.cat([(a - s).reshape(-1) for a, s in zip(self.anchor, snapshot, strict=True)])
+        flat.div_(world)
+        wire = flat if self.wire == flat.dtype else flat.to(self.wire)
+        work = dist.all_reduce(wire, group=self.group, async_op=True) if world > 1 else None
+        self.pending = (work, wire, snapshot)
+        return {"wait_ms": 0.0, "sync_ms": (time.perf_counter() - t0) * 1e3,
+                "sync_bytes": self.bytes_per_sync if world > 1 else 0}
+
+    def _finish_pending(self) -> None:
+        """Wait for the pending all-reduce, step the anchor with its mean, keep the progress since."""
+        if self.pending is None:
+            return
+        work, wire, snapshot = self.pending
+        self.pending = None
+        if work is not None:
+            work.wait()
+        flat = wire.to(torch.float32) if wire.dtype != torch.float32 else wire
+        deltas, offset = [], 0
+        for a in self.anchor:
+            deltas.append(flat[offset:offset + a.numel()].view_as(a))
+            offset += a.numel()
+        self._step_anchor(deltas)
+        for p, a, s in zip(self.params, self.anchor, snapshot, strict=True):
+            p.sub_(s).add_(a)  # the new anchor plus what this rank learned since the snapshot
+
     @torch.no_grad()
     def sync(self) -> dict:
-        """All ranks: average (plain) or outer-step (DiLoCo). Returns the ms waiting for the other ranks,
-        the ms of the all-reduce and its bytes."""
+        """All ranks: average (plain) or outer-step (DiLoCo); with --sync-overlap the pending all-reduce is
+        applied first. Returns the ms waiting for the other ranks, the ms of the all-reduce and its
+        bytes."""
         world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        t0 = time.perf_counter()
+        self._finish_pending()
+        pending_ms = (time.perf_counter() - t0) * 1e3
         timed = {"wait_ms": 0.0, "sync_ms": 0.0}
         if not self.anchor:  # plain fp32 averaging: the parameters themselves
             if world > 1:
@@ -122,16 +183,10 @@ class LocalSGD:
                 timed = self._mean_16bit(deltas, world)
             elif world > 1:  # average_parameters rebinds each delta's .data to the mean
                 timed = self._all_reduce(lambda: average_parameters(iter(deltas), self.group))
-            if self.outer is None:  # plain averaging of 16-bit deltas: anchor - mean delta
-                for a, d in zip(self.anchor, deltas, strict=True):
-                    a.sub_(d)
-            else:
-                for a, d in zip(self.anchor, deltas, strict=True):
-                    a.grad = d
-                self.outer.step()
-                self.outer.zero_grad(set_to_none=True)
+            self._step_anchor(deltas)
             for p, a in zip(self.params, self.anchor, strict=True):
                 p.copy_(a)
+        timed["sync_ms"] += pending_ms
         return timed | {"sync_bytes": self.bytes_per_sync if world > 1 else 0}
 
     def state_dict(self) -> dict:
@@ -148,10 +203,10 @@ class LocalSGD:
             self.outer.load_state_dict(state["outer"])
 
     def summary(self, records: list[dict]) -> dict:
-        synced = [r for r in records if r.get("synced")]
+        synced = [r for r in records if r.get("synced") or r.get("overlapped")]
         total = sum(r["allreduce_bytes"] for r in records)
         return {"sync_every": self.sync_every, "outer_lr": self.outer_lr, "sync_dtype": self.wire_name,
-                "outer_momentum": self.outer_momentum,
+                "outer_momentum": self.outer_momentum, "overlap": self.overlap,
                 "outer_optimizer": "none (parameter averaging)" if self.plain else
                 "SGD" + (" nesterov" if self.outer_momentum > 0 else ""),
                 "syncs": len(synced), "bytes_per_sync": self.bytes_per_sync,

@@ -127,7 +127,7 @@ def run(cfg: TrainConfig) -> int:
     node_writer = D.is_main_process() or (cfg.elastic and di.local_rank == 0)  # writes into its OUT
     local = cfg.sync_every > 1  # low-communication mode: H local steps, then one parameter sync
     lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum,
-                     wire=cfg.comm)
+                     wire=cfg.comm, overlap=cfg.sync_overlap)
             if local else None)
     start_step, loss_first = 0, None
     evaluator = Evaluator(val, cfg.eval_every_tokens, di.rank, di.world_size)
@@ -173,7 +173,9 @@ def run(cfg: TrainConfig) -> int:
                  ("the parameters are averaged" if lsgd.plain else
                   f"an outer SGD step (lr {cfg.outer_lr}, Nesterov momentum {cfg.outer_momentum}) on the "
                   f"averaged parameter change") +
-                 f"; {lsgd.bytes_per_sync / 1e6:.2f} MB per sync in {cfg.comm} (--allow-local-sgd)")
+                 f"; {lsgd.bytes_per_sync / 1e6:.2f} MB per sync in {cfg.comm} (--allow-local-sgd)" +
+                 ("; each sync overlaps the next steps and lands one sync late (--sync-overlap)"
+                  if cfg.sync_overlap else ""))
     if cfg.global_batch_tokens:
         D.print0(f"ddplab: global batch {cfg.global_batch_tokens} tokens = {cfg.batch_size} x {cfg.seq_len} "
                  f"x {di.world_size} ranks x {cfg.grad_accum} micro-steps (--grad-accum {cfg.grad_accum})")
@@ -233,12 +235,19 @@ def run(cfg: TrainConfig) -> int:
         opt.step()
         opt.zero_grad(set_to_none=True)
         synced = not local or lsgd.due(step + 1)
+        exchange = False  # --sync-overlap: a sync point where the ranks need not agree starts a sync only
+        if local and synced and lsgd.overlap:
+            done = step + 1
+            synced = (done == cfg.steps or crossed(cfg.check_every, last_sync, done)
+                      or crossed(cfg.ckpt_every, last_sync, done)
+                      or evaluator.due(tokens_at_sync, tokens_seen + tokens_per_step, last=False))
+            exchange = not synced
         # the loss over all ranks, weighted by each rank's sequences: one 2-number all-reduce on the first
         # step, log steps and the last (not between local-SGD syncs: the ranks would wait for each other)
         want_mean = step == 0 or (synced and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps))
         if want_mean:
             mean_buf = D.all_reduce_sum(torch.tensor([loss_sum * mine, mine], dtype=torch.float64))
-        sync = lsgd.sync() if local and synced else None
+        sync = lsgd.sync() if local and synced else lsgd.exchange() if exchange else None
         dt = time.perf_counter() - t0
         c = timer.step_stats()
         if local:  # no gradient all-reduce; a sync blocks: the wait for the slowest rank, then the transfer
@@ -254,6 +263,7 @@ def run(cfg: TrainConfig) -> int:
                "mfu": mfu(flops_per_token(gcfg), tokens_per_step / dt, peaks)}
         if local:
             rec["sync_ms"], rec["sync_wait_ms"] = c["allreduce_ms"], c["exposed_ms"] - c["allreduce_ms"]
+            rec["overlapped"] = exchange  # a sync started here lands at the next sync point
         if want_mean:
             rec["loss_mean"] = float(mean_buf[0] / mean_buf[1])
         if not math.isfinite(loss_sum):

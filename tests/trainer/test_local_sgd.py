@@ -50,6 +50,7 @@ BASE = ["--data", "d", "--out", "o"]
     (["--sync-every", "0"], "--sync-every", "must be at least 1"),
     (["--sync-every", "2", "--allow-local-sgd", "--outer-momentum", "1"], "--outer-momentum", "[0, 1)"),
     (["--sync-every", "2", "--allow-local-sgd", "--outer-lr", "0"], "--outer-lr", "must be positive"),
+    (["--sync-overlap"], "--sync-overlap", "add --sync-every H"),
 ])
 def test_bad_local_sgd_flags_give_one_line_naming_the_flag(extra, flag, words):
     line = check_args(BASE + extra)
@@ -63,6 +64,7 @@ def test_local_sgd_flags_that_fit_are_accepted():
     assert check_args(BASE + ["--sync-every", "1"]) is None  # today's DDP needs no permission
     for wire in ("bf16", "fp16"):  # the parameter change of each sync travels in 16 bits
         assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--comm", wire]) is None
+    assert check_args(BASE + ["--sync-every", "4", "--allow-local-sgd", "--sync-overlap"]) is None
 
 
 def test_the_cli_refuses_local_sgd_without_permission_in_one_line():
@@ -103,11 +105,37 @@ def _worker(rank, port, outer_lr, outer_momentum, wire, q):
     dist.destroy_process_group()
 
 
-def _two_ranks(outer_lr, outer_momentum, wire="fp32"):
+def _overlap_worker(rank, port, outer_lr, outer_momentum, wire, q):
+    """Sync points after steps 2, 4 and 6 start an overlapped sync; the one after 8 (the end) agrees."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    ls = LocalSGD(model.parameters(), 2, 8, outer_lr, outer_momentum, wire=wire, overlap=True)
+    gen = torch.Generator().manual_seed(100 + rank)
+    out = []
+    for step in range(1, 9):
+        x, y = torch.randn(8, 5, generator=gen), torch.randn(8, 1, generator=gen)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        inner.step()
+        inner.zero_grad()
+        if ls.due(step):
+            before = [p.detach().clone() for p in model.parameters()]
+            info = ls.sync() if step == 8 else ls.exchange()
+            out.append({"before": before, "after": [p.detach().clone() for p in model.parameters()],
+                        "sha_after": param_sha256(model), "bytes": info["sync_bytes"]})
+    buf = io.BytesIO()
+    torch.save(out, buf)
+    q.put((rank, buf.getvalue()))
+    dist.destroy_process_group()
+
+
+def _two_ranks(outer_lr, outer_momentum, wire="fp32", worker=_worker):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, outer_lr, outer_momentum, wire, q)) for r in (0, 1)]
+    procs = [ctx.Process(target=worker, args=(r, port, outer_lr, outer_momentum, wire, q)) for r in (0, 1)]
     for p in procs:
         p.start()
     got = {r: torch.load(io.BytesIO(b)) for r, b in (q.get(timeout=90) for _ in procs)}
@@ -115,6 +143,50 @@ def _two_ranks(outer_lr, outer_momentum, wire="fp32"):
         p.join(timeout=30)
         assert p.exitcode == 0
     return got[0], got[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outer_lr, outer_momentum", [(1.0, 0.0), (0.7, 0.9)])
+def test_an_overlapped_sync_lands_one_sync_late_and_keeps_each_ranks_progress(outer_lr, outer_momentum):
+    r0, r1 = _two_ranks(outer_lr, outer_momentum, worker=_overlap_worker)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    anchor, buf = [p.detach().clone() for p in m.parameters()], None
+    numel = sum(a.numel() for a in anchor)
+    sent = None  # the snapshots whose all-reduce is under way
+
+    def outer_step(snaps):  # by hand: g = mean over ranks of (anchor - snapshot_r); plain or Nesterov
+        nonlocal anchor, buf
+        g = [(a - s0) / 2 + (a - s1) / 2 for a, s0, s1 in zip(anchor, *snaps, strict=True)]
+        if outer_momentum == 0:
+            anchor = [a - outer_lr * gi for a, gi in zip(anchor, g, strict=True)]
+            return
+        buf = g if buf is None else [outer_momentum * b + gi for b, gi in zip(buf, g, strict=True)]
+        anchor = [a - outer_lr * (gi + outer_momentum * b) for a, gi, b in zip(anchor, g, buf, strict=True)]
+
+    assert len(r0) == 4  # sync points after steps 2, 4, 6 and 8 (the end)
+    for i, (s0, s1) in enumerate(zip(r0, r1, strict=True)):
+        assert s0["bytes"] == numel * 4
+        if sent is None:  # the first sync point only starts a sync: nothing changes yet
+            for s in (s0, s1):
+                assert all(torch.equal(a, b) for a, b in zip(s["after"], s["before"], strict=True))
+            sent = (s0["after"], s1["after"])
+            continue
+        # the sync started one point earlier lands: new anchor + each rank's progress since its snapshot
+        outer_step(sent)
+        landed = [[a + (b - sn) for a, b, sn in zip(anchor, s["before"], snap, strict=True)]
+                  for s, snap in ((s0, sent[0]), (s1, sent[1]))]
+        if i < len(r0) - 1:
+            for s, want in zip((s0, s1), landed, strict=True):
+                for w, got in zip(want, s["after"], strict=True):
+                    torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+            assert s0["sha_after"] != s1["sha_after"]  # each rank keeps its own progress
+            sent = (s0["after"], s1["after"])
+        else:  # the end: after the pending sync lands, a blocking sync of what is left; the ranks agree
+            outer_step(landed)
+            for w, got in zip(anchor, s0["after"], strict=True):
+                torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+            assert s0["sha_after"] == s1["sha_after"]
 
 
 @pytest.mark.slow
@@ -266,3 +338,33 @@ def test_diloco_with_bf16_syncs_trains_under_torchrun_and_the_ranks_agree(small_
     assert s["byte_equivalent"] is True  # --check-every 1: the checksums agreed after each sync
     ls = s["local_sgd"]
     assert (ls["sync_dtype"], ls["syncs"], ls["bytes_per_sync"]) == ("bf16", 2, n * 2)
+
+
+@pytest.mark.slow
+def test_overlapped_syncs_agree_at_checkpoints_and_the_end_and_resume_exactly(small_shards, tmp_path):
+    args = ["--steps", 16, *TINY, "--lr", "3e-3", "--sync-every", "2", "--allow-local-sgd", "--comm", "bf16",
+            "--sync-overlap", "--ckpt-every", "8", "--ckpt-keep", "10", "--check-every", "8"]
+    ref = tmp_path / "ref"
+    r = torchrun(["--data", small_shards, "--out", ref, *args])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "each sync overlaps the next steps and lands one sync late (--sync-overlap)" in r.stdout
+    recs = read_jsonl(ref / "metrics.rank0.jsonl")
+    # sync points every 2 steps; the ranks agree (a blocking sync) only where a checkpoint/check is due
+    assert [x["step"] for x in recs if x["synced"]] == [8, 16]
+    assert [x["step"] for x in recs if x["overlapped"]] == [2, 4, 6, 10, 12, 14]
+    n = param_count(GPTConfig(seq_len=32, n_layer=1, n_embd=64, n_head=1))
+    assert all(x["allreduce_bytes"] == n * 2 for x in recs if x["synced"] or x["overlapped"])
+    s = json.loads((ref / "summary.json").read_text())
+    assert s["byte_equivalent"] is True  # the checksums agreed at steps 8 and 16 (a mismatch exits 3)
+    assert (s["local_sgd"]["overlap"], s["local_sgd"]["syncs"]) == (True, 8)
+    out = tmp_path / "out"  # resume from the checkpoint at step 8: the same run from there on
+    (out / "ckpt").mkdir(parents=True)
+    for f in ("step_000008.pt", "step_000008.pt.sha256"):
+        shutil.copy(ref / "ckpt" / f, out / "ckpt" / f)
+    r = torchrun(["--data", small_shards, "--out", out, *args, "--resume"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in (0, 1):
+        want = [(x["step"], x["loss"]) for x in read_jsonl(ref / f"metrics.rank{rank}.jsonl")
+                if x["step"] > 8]
+        assert [(x["step"], x["loss"]) for x in read_jsonl(out / f"metrics.rank{rank}.jsonl")] == want
+    assert json.loads((out / "summary.json").read_text())["final_param_sha256"] == s["final_param_sha256"]
