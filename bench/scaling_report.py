@@ -158,7 +158,9 @@ def probe_summary(probe: list[dict], rate_bps: float | None) -> dict | None:
     bw = rows[0]["bandwidth"]
     world = rows[0]["world"]
     out = {"ok": all(p.get("ok") for p in probe), "world": world, "bytes": bw["bytes"],
-           "median_s": bw["median_s"], "busbw_gbit_s": bw["busbw_gbit_s"], "algbw_gbit_s": bw["algbw_gbit_s"]}
+           "median_s": bw["median_s"], "busbw_gbit_s": bw["busbw_gbit_s"], "algbw_gbit_s": bw["algbw_gbit_s"],
+           # each node's CPU spent on the transfer, in cores (probes before this field have none)
+           "cores_busy": [p["bandwidth"].get("cores_busy") for p in rows]}
     if rate_bps and world > 1:
         out["limit_s"] = 2 * (world - 1) / world * bw["bytes"] * 8 / rate_bps
         out["link_pct"] = 100 * out["limit_s"] / bw["median_s"]
@@ -298,7 +300,11 @@ def markdown(rep: dict) -> str:
                   f"fp32 all-reduce): {p['median_s'] * 1e3:.0f} ms = bus bandwidth "
                   f"{p['busbw_gbit_s']:.3f} Gbit/s; "
                   f"limit 2(N-1)/N*bytes/rate = {_f(p.get('limit_s', 0) * 1e3, '.0f')} ms, so "
-                  f"**{_f(p.get('link_pct'))} % of the link limit**.", ""]
+                  f"**{_f(p.get('link_pct'))} % of the link limit**." +
+                  (" The transfer kept " + ", ".join(f"{c:.2f}" for c in p["cores_busy"]) +
+                   " of a core busy on the nodes (the probe's CPU time over its wall time): CPU a step's "
+                   "compute loses while DDP overlaps the all-reduce with it on a one-core node."
+                   if p.get("cores_busy") and None not in p["cores_busy"] else ""), ""]
     elif p:
         lines += [f"Link probe failed: {p.get('error')}", ""]
     head = ("| run | comm | rounds | tok/s [min-max] | speedup [min-max] | efficiency [min-max] | step ms "

@@ -167,12 +167,13 @@ class Smoke:
         numel = max(1, int(a.mb * (1 << 20)) // 4)
         buf = torch.ones(numel, dtype=torch.float32)
         dist.all_reduce(buf)  # warm-up: first use of the pairs' buffers
-        times = []
+        times, cpu = [], []
         for _ in range(a.reps):
             dist.barrier()
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             dist.all_reduce(buf)
             times.append(time.perf_counter() - t1)
+            cpu.append(time.process_time() - c1)  # this process's CPU, gloo's threads and its syscalls
         nbytes = numel * 4
         med = statistics.median(times)
         bus = 2 * (w - 1) / w * nbytes / med if w > 1 else None
@@ -183,6 +184,10 @@ class Smoke:
             "median_s": round(med, 6),
             "algbw_gbit_s": round(nbytes * 8 / med / 1e9, 3),
             "busbw_gbit_s": round(bus * 8 / 1e9, 3) if bus else None,
+            # how much of a core the transfer itself keeps busy: on a one-core node it competes with
+            # the backward pass that DDP overlaps it with
+            "cpu_s": [round(x, 6) for x in cpu],
+            "cores_busy": round(statistics.median(cpu) / med, 3),
         }
         self.phase = "teardown"
         dist.barrier()

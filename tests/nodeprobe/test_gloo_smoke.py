@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -50,6 +51,9 @@ def test_two_ranks_pass_every_collective_and_measure_bandwidth():
         bw = res["bandwidth"]
         assert bw["bytes"] == 4 * (1 << 20) and len(bw["seconds"]) == 2
         assert bw["busbw_gbit_s"] == pytest.approx(bw["bytes"] * 8 / bw["median_s"] / 1e9, rel=0.01)
+        # the CPU the transfer took: a share of a core, per rep (loopback: a memcpy-bound all-reduce)
+        assert len(bw["cpu_s"]) == 2 and all(c > 0 for c in bw["cpu_s"])
+        assert bw["cores_busy"] == pytest.approx(statistics.median(bw["cpu_s"]) / bw["median_s"], abs=0.002)
 
 
 def test_stale_listener_on_master_port_fails_within_the_watchdog_bound():
