@@ -265,3 +265,32 @@ def test_a_local_sgd_row_shows_per_step_means_with_its_syncs_and_one_sync_agains
     assert row["busbw_gbit_s"] == pytest.approx(0.8) and row["link_pct"] == pytest.approx(80)
     assert row["efficiency"] == pytest.approx(1000 / 1625)  # 2048 tokens per 1625 ms over 2 x 1024 tok/s
     assert "2x1-local4-bf16 2500 ms for 250 MB after 300 ms waiting" in scaling_report.markdown(rep)
+
+
+def test_an_overlapped_local_sgd_row_shows_the_blocked_time_and_no_link_speed(tmp_path):
+    # --sync-overlap: steps 2, 4, 6 start a sync (overlapped) and block 400 ms; step 8 (the end) blocks
+    # 3000 ms (the pending sync lands, then a blocking one). The transfer ran under the steps, so one
+    # sync's ms says nothing of the link: no bus Gbit/s, no % of link. Median blocked ms of the 4: 400.
+    node0 = tmp_path / "raw" / "small" / "2x1-local2-avg-ovl" / "round0" / "node0"
+    node0.mkdir(parents=True)
+    recs = []
+    for s in range(1, 9):
+        point = s % 2 == 0
+        ms = (3000.0 if s == 8 else 400.0) if point else 0.0
+        recs.append({"step": s, "loss": 3.0, "dt_ms": 1000 + ms, "tokens": 2 * TOKENS, "compute_ms": 1000.0,
+                     "allreduce_ms": ms, "exposed_ms": ms, "allreduce_bytes": 250_000_000 if point else 0,
+                     "synced": s == 8, "overlapped": point and s < 8, "sync_ms": ms, "sync_wait_ms": 0.0})
+    (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": 0}))
+    (node0 / "summary.json").write_text(json.dumps({"comm_chosen": "fp32"}))
+    (node0.parent / "run.json").write_text(json.dumps({"nodes": 2, "ranks_per_node": 1,
+                                                       "comm": "local2-avg-ovl", "load_before": [1, 1, 1]}))
+    write_round(tmp_path, "1x1", 0, 1, 1000)
+    (tmp_path / "meta.json").write_text(json.dumps({"id": "o", "nodes": 2, "rate_bps": RATE}))
+    rep = scaling_report.build(scaling_report.collect(tmp_path))
+    row = {r["label"]: r for r in rep["sizes"]["small"]["rows"]}["2x1-local2-avg-ovl"]
+    assert row["sync_overlapped"] is True and row["sync_ms"] == 400.0
+    assert row["busbw_gbit_s"] is None and row["link_pct"] is None
+    assert row["step_ms"] == pytest.approx((4 * 1000 + 3 * 1400 + 4000) / 8)
+    md = scaling_report.markdown(rep)
+    assert "2x1-local2-avg-ovl 400 ms for 250 MB blocked (the transfer runs under" in md
