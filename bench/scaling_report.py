@@ -160,7 +160,8 @@ def probe_summary(probe: list[dict], rate_bps: float | None) -> dict | None:
     out = {"ok": all(p.get("ok") for p in probe), "world": world, "bytes": bw["bytes"],
            "median_s": bw["median_s"], "busbw_gbit_s": bw["busbw_gbit_s"], "algbw_gbit_s": bw["algbw_gbit_s"],
            # each node's CPU spent on the transfer, in cores (probes before this field have none)
-           "cores_busy": [p["bandwidth"].get("cores_busy") for p in rows]}
+           "cores_busy": [p["bandwidth"].get("cores_busy") for p in rows],
+           "machine_cores_busy": bw.get("machine_cores_busy")}
     if rate_bps and world > 1:
         out["limit_s"] = 2 * (world - 1) / world * bw["bytes"] * 8 / rate_bps
         out["link_pct"] = 100 * out["limit_s"] / bw["median_s"]
@@ -304,7 +305,11 @@ def markdown(rep: dict) -> str:
                   (" The transfer kept " + ", ".join(f"{c:.2f}" for c in p["cores_busy"]) +
                    " of a core busy on the nodes (the probe's CPU time over its wall time): CPU a step's "
                    "compute loses while DDP overlaps the all-reduce with it on a one-core node."
-                   if p.get("cores_busy") and None not in p["cores_busy"] else ""), ""]
+                   if p.get("cores_busy") and None not in p["cores_busy"] else "") +
+                  (f" The whole machine had {p['machine_cores_busy']:.2f} of its "
+                   f"{m.get('logical_cpus', '?')} CPUs busy meanwhile (the kernel's "
+                   f"network work included; simulated nodes share the machine with their link)."
+                   if p.get("machine_cores_busy") is not None else ""), ""]
     elif p:
         lines += [f"Link probe failed: {p.get('error')}", ""]
     head = ("| run | comm | rounds | tok/s [min-max] | speedup [min-max] | efficiency [min-max] | step ms "

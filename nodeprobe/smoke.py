@@ -38,6 +38,17 @@ HINTS = {
 IMPORT_ALLOWANCE_S = 60
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of the whole machine from /proc/stat; None where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return sum(ticks[:8]) - idle, sum(ticks[:8])  # guest time is already in user
+
+
 class Smoke:
     def __init__(self, args):
         self.args = args
@@ -168,6 +179,7 @@ class Smoke:
         buf = torch.ones(numel, dtype=torch.float32)
         dist.all_reduce(buf)  # warm-up: first use of the pairs' buffers
         times, cpu = [], []
+        machine0 = cpu_jiffies()
         for _ in range(a.reps):
             dist.barrier()
             t1, c1 = time.perf_counter(), time.process_time()
@@ -188,10 +200,19 @@ class Smoke:
             # the backward pass that DDP overlaps it with
             "cpu_s": [round(x, 6) for x in cpu],
             "cores_busy": round(statistics.median(cpu) / med, 3),
+            # the whole machine's busy cores meanwhile (the kernel's network work in softirq is not in
+            # the process's time): on simulated hosts that share a machine, all nodes and their link
+            "machine_cores_busy": _machine_cores(machine0, cpu_jiffies()),
         }
         self.phase = "teardown"
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _machine_cores(before, after) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1), 3)
 
 
 def stop_listener(host: str, port: int, wait_s: float = 3.0) -> bool:

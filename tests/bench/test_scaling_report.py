@@ -64,7 +64,8 @@ def bench(tmp_path):
         (tmp_path / "probe" / f"gloo_smoke.rank{r}.json").write_text(json.dumps({
             "ok": True, "world": 2, "rank": r,
             "bandwidth": {"bytes": 64 << 20, "median_s": 0.56, "busbw_gbit_s": 0.958,
-                          "algbw_gbit_s": 0.958, "cores_busy": [0.31, 0.27][r]}}))
+                          "algbw_gbit_s": 0.958, "cores_busy": [0.31, 0.27][r],
+                          "machine_cores_busy": [1.23, 1.19][r]}}))
     return tmp_path, recs
 
 
@@ -130,6 +131,7 @@ def test_report_files_show_the_same_numbers(bench):
             assert f"| {row['link_pct']:.1f} |" in md
     assert f"{on_disk['probe']['link_pct']:.1f} % of the link limit" in md
     assert "The transfer kept 0.31, 0.27 of a core busy on the nodes" in md  # rank 0's, then rank 1's
+    assert "The whole machine had 1.23 of its 2 CPUs busy meanwhile" in md  # rank 0's reading
     for png in ("scaling.png", "loss.png"):
         head = (root / png).read_bytes()[:8]
         assert head == b"\x89PNG\r\n\x1a\n"

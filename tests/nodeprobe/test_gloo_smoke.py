@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -54,6 +55,9 @@ def test_two_ranks_pass_every_collective_and_measure_bandwidth():
         # the CPU the transfer took: a share of a core, per rep (loopback: a memcpy-bound all-reduce)
         assert len(bw["cpu_s"]) == 2 and all(c > 0 for c in bw["cpu_s"])
         assert bw["cores_busy"] == pytest.approx(statistics.median(bw["cpu_s"]) / bw["median_s"], abs=0.002)
+        # the machine's busy cores while both ranks ran the reps: at least a little, at most all of them
+        mc = bw["machine_cores_busy"]
+        assert mc is None or 0 <= mc <= os.cpu_count()
 
 
 def test_stale_listener_on_master_port_fails_within_the_watchdog_bound():
