@@ -189,14 +189,16 @@ class Lab:
 
         cur = simlan.load()
         want = (self.args.nodes, self.args.rate, "auto")
-        if cur is not None and (len(cur.hosts), cur.rate, cur.cpus) == want and cur.healthy():
+        n, pct = self.args.nodes, self.args.node_cpu
+        quota = [f"node{i}={pct}" for i in range(n)] if pct else []  # a quota'd cluster is always new
+        if cur is not None and (len(cur.hosts), cur.rate, cur.cpus) == want and cur.healthy() and not quota:
             self.cluster = cur
             return
         if cur is not None and not self.args.force:
             raise BenchError(f"a simlan cluster of another shape is up ({len(cur.hosts)} hosts, rate "
                              f"{cur.rate}, cpus {cur.cpus}), maybe another engineer's tests; wait for it or "
                              f"add --force to recreate it")
-        self.cluster = simlan.up(self.args.nodes, rate=self.args.rate, cpus="auto", force=True)
+        self.cluster = simlan.up(n, rate=self.args.rate, cpus="auto", force=True, cpu_quota=quota)
         self.made_cluster = True
 
     def down(self):
@@ -340,11 +342,12 @@ class Lab:
                "playbooks/launch.yml on the simlan inventory (1 node runs: simlan exec / this machine)")
         meta_file = self.bench / "meta.json"
         old = json.loads(meta_file.read_text()) if meta_file.exists() else {}
-        if old and (old.get("nodes"), old.get("rate")) != (a.nodes, a.rate):
-            raise BenchError(f"{self.bench} holds runs with {old.get('nodes')} nodes at {old.get('rate')}; "
-                             f"use another --id")
+        if old and (old.get("nodes"), old.get("rate"), old.get("node_cpu")) != (a.nodes, a.rate, a.node_cpu):
+            raise BenchError(f"{self.bench} holds runs with {old.get('nodes')} nodes at {old.get('rate')} "
+                             f"(node CPU {old.get('node_cpu') or 100} %); use another --id")
         call = {"sizes": a.sizes, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": load()}
         meta = {"id": a.id, "nodes": a.nodes, "rate": a.rate, "rate_bps": rate_bps(a.rate), "via": via,
+                "node_cpu": a.node_cpu,
                 "machine": old.get("machine", machine),
                 "sizes": old.get("sizes", {}) | {s: SIZES[s] for s in a.sizes},
                 "invocations": old.get("invocations", []) + [call]}
@@ -394,6 +397,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=None, help="rounds (every configuration once per round; "
                     "default: per size, 3)")
     ap.add_argument("--probe-mb", type=float, default=64.0, help="all-reduce size of the link probe")
+    ap.add_argument("--node-cpu", type=int, default=None, metavar="PCT",
+                    help="each simulated node at PCT %% of its core (simlan --cpu-quota), leaving the rest "
+                    "of the core to the kernel's work for the simulated link, as a real NIC would")
     ap.add_argument("--id", default=time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--runs", default=None, help="comma list of run labels to do (e.g. 1x1,2x1-auto); "
                     "default: all")

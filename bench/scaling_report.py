@@ -200,6 +200,7 @@ def build(data: dict) -> dict:
     machine = meta.get("machine", {})
     report = {"id": meta.get("id"), "rate": meta.get("rate"), "rate_bps": rate_bps,
               "nodes": meta.get("nodes"), "via": meta.get("via"), "machine": machine,
+              "node_cpu": meta.get("node_cpu"),
               "probe": probe_summary(data["probe"], rate_bps),
               "sizes": {}, "notes": []}
     for size, runs in data["sizes"].items():
@@ -289,7 +290,9 @@ def _range(row: dict, key: str) -> str:
 def markdown(rep: dict) -> str:
     m = rep["machine"]
     lines = [f"# Scaling lab {rep['id']}", "",
-             f"Link: {rep['rate'] or 'unshaped'} between {rep['nodes']} simulated nodes (one core each), "
+             f"Link: {rep['rate'] or 'unshaped'} between {rep['nodes']} simulated nodes (" +
+             (f"{rep['node_cpu']} % of one core each: the rest of each core is left to the kernel's work "
+              f"for the link" if rep.get("node_cpu") else "one core each") + "), "
              f"launched via {rep['via']}. Machine: {m.get('cpu') or 'CPU model unknown'}, "
              f"{m.get('logical_cpus')} CPUs ({m.get('physical_cores')} physical cores), torch "
              f"{m.get('torch') or '?'}. Other work on the machine shares the cores: the load average "
