@@ -288,8 +288,9 @@ def test_an_overlapped_local_sgd_row_shows_the_blocked_time_and_no_link_speed(tm
     (node0.parent / "run.json").write_text(json.dumps({"nodes": 2, "ranks_per_node": 1,
                                                        "comm": "local2-avg-ovl", "load_before": [1, 1, 1]}))
     write_round(tmp_path, "1x1", 0, 1, 1000)
-    (tmp_path / "meta.json").write_text(json.dumps({"id": "o", "nodes": 2, "rate_bps": RATE}))
+    (tmp_path / "meta.json").write_text(json.dumps({"id": "o", "nodes": 2, "rate_bps": RATE, "node_cpu": 80}))
     rep = scaling_report.build(scaling_report.collect(tmp_path))
+    assert "2 simulated nodes (80 % of one core each: the rest" in scaling_report.markdown(rep)  # --node-cpu
     row = {r["label"]: r for r in rep["sizes"]["small"]["rows"]}["2x1-local2-avg-ovl"]
     assert row["sync_overlapped"] is True and row["sync_ms"] == 400.0
     assert row["busbw_gbit_s"] is None and row["link_pct"] is None
