@@ -104,10 +104,8 @@ class LocalSGD:
         wire = flat.to(self.wire)
         timed = self._all_reduce(lambda: dist.all_reduce(wire, group=self.group))
         flat.copy_(wire)
-        offset = 0
-        for d in deltas:
-            d.copy_(flat[offset:offset + d.numel()].view_as(d))
-            offset += d.numel()
+        for d, f in zip(deltas, _split(flat, deltas), strict=True):
+            d.copy_(f)
         return timed
 
     def _all_reduce(self, send) -> dict:
@@ -155,12 +153,7 @@ class LocalSGD:
         self.pending = None
         if work is not None:
             work.wait()
-        flat = wire.to(torch.float32) if wire.dtype != torch.float32 else wire
-        deltas, offset = [], 0
-        for a in self.anchor:
-            deltas.append(flat[offset:offset + a.numel()].view_as(a))
-            offset += a.numel()
-        self._step_anchor(deltas)
+        self._step_anchor(_split(wire.to(torch.float32), self.anchor))
         for p, a, s in zip(self.params, self.anchor, snapshot, strict=True):
             p.sub_(s).add_(a)  # the new anchor plus what this rank learned since the snapshot
 
@@ -213,6 +206,11 @@ class LocalSGD:
                 "comm_bytes_per_step": total / len(records) if records else None,
                 "sync_ms_p50": percentile([r["sync_ms"] for r in synced], 50),
                 "sync_wait_ms_p50": percentile([r["sync_wait_ms"] for r in synced], 50)}
+
+
+def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of one flat buffer shaped as the tensors of `like`, in order."""
+    return [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in like]), like, strict=True)]
 
 
 def gather_to_main(obj):

@@ -238,13 +238,23 @@ def test_without_a_2_node_fp32_run_1_node_x_2_ranks_is_the_validation_reference(
     assert (tmp_path / "tradeoff.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _write_local_run(root, comm, chosen, recs):
+    """Round 0 of 2x1-<comm> (rank 0's records as given) beside a 1x1 run of 1000 ms steps."""
+    node0 = root / "raw" / "small" / f"2x1-{comm}" / "round0" / "node0"
+    node0.mkdir(parents=True)
+    (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": 0}))
+    (node0 / "summary.json").write_text(json.dumps({"comm_chosen": chosen}))
+    (node0.parent / "run.json").write_text(json.dumps({"nodes": 2, "ranks_per_node": 1, "comm": comm,
+                                                       "load_before": [1, 1, 1]}))
+    write_round(root, "1x1", 0, 1, 1000)
+
+
 def test_a_local_sgd_row_shows_per_step_means_with_its_syncs_and_one_sync_against_the_link(tmp_path):
     # by hand: 8 timed steps of 1000 ms compute; steps 4 and 8 sync 250 MB in 2500 ms (exposed):
     # step ms mean = (6 * 1000 + 2 * 3500) / 8 = 1625; all-reduce mean = 5000 / 8 = 625; MB/step = 62.5;
     # one sync: bus bytes 2 * (2-1)/2 * 250 MB = 250 MB = 2 Gbit in 2.5 s = 0.8 Gbit/s; limit at 1 Gbit/s
     # 2000 ms = 80 % of the link
-    node0 = tmp_path / "raw" / "small" / "2x1-local4-bf16" / "round0" / "node0"
-    node0.mkdir(parents=True)
     recs = []
     for s in range(1, 9):
         sync = s % 4 == 0
@@ -252,12 +262,7 @@ def test_a_local_sgd_row_shows_per_step_means_with_its_syncs_and_one_sync_agains
         recs.append({"step": s, "loss": 3.0, "dt_ms": 1000 + ms, "tokens": 2 * TOKENS, "compute_ms": 1000.0,
                      "allreduce_ms": ms, "exposed_ms": ms, "allreduce_bytes": 250_000_000 if sync else 0,
                      "synced": sync, **({"sync_ms": ms, "sync_wait_ms": 300.0} if sync else {})})
-    (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": 0}))
-    (node0 / "summary.json").write_text(json.dumps({"comm_chosen": "bf16"}))
-    (node0.parent / "run.json").write_text(json.dumps({"nodes": 2, "ranks_per_node": 1,
-                                                       "comm": "local4-bf16", "load_before": [1, 1, 1]}))
-    write_round(tmp_path, "1x1", 0, 1, 1000)
+    _write_local_run(tmp_path, "local4-bf16", "bf16", recs)
     (tmp_path / "meta.json").write_text(json.dumps({"id": "l", "nodes": 2, "rate_bps": RATE}))
     rep = scaling_report.build(scaling_report.collect(tmp_path))
     row = {r["label"]: r for r in rep["sizes"]["small"]["rows"]}["2x1-local4-bf16"]
@@ -273,8 +278,6 @@ def test_an_overlapped_local_sgd_row_shows_the_blocked_time_and_no_link_speed(tm
     # --sync-overlap: steps 2, 4, 6 start a sync (overlapped) and block 400 ms; step 8 (the end) blocks
     # 3000 ms (the pending sync lands, then a blocking one). The transfer ran under the steps, so one
     # sync's ms says nothing of the link: no bus Gbit/s, no % of link. Median blocked ms of the 4: 400.
-    node0 = tmp_path / "raw" / "small" / "2x1-local2-avg-ovl" / "round0" / "node0"
-    node0.mkdir(parents=True)
     recs = []
     for s in range(1, 9):
         point = s % 2 == 0
@@ -282,12 +285,7 @@ def test_an_overlapped_local_sgd_row_shows_the_blocked_time_and_no_link_speed(tm
         recs.append({"step": s, "loss": 3.0, "dt_ms": 1000 + ms, "tokens": 2 * TOKENS, "compute_ms": 1000.0,
                      "allreduce_ms": ms, "exposed_ms": ms, "allreduce_bytes": 250_000_000 if point else 0,
                      "synced": s == 8, "overlapped": point and s < 8, "sync_ms": ms, "sync_wait_ms": 0.0})
-    (node0 / "metrics.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    (node0 / "config.json").write_text(json.dumps({"timing_warmup_steps": 0}))
-    (node0 / "summary.json").write_text(json.dumps({"comm_chosen": "fp32"}))
-    (node0.parent / "run.json").write_text(json.dumps({"nodes": 2, "ranks_per_node": 1,
-                                                       "comm": "local2-avg-ovl", "load_before": [1, 1, 1]}))
-    write_round(tmp_path, "1x1", 0, 1, 1000)
+    _write_local_run(tmp_path, "local2-avg-ovl", "fp32", recs)
     (tmp_path / "meta.json").write_text(json.dumps({"id": "o", "nodes": 2, "rate_bps": RATE, "node_cpu": 80}))
     rep = scaling_report.build(scaling_report.collect(tmp_path))
     assert "2 simulated nodes (80 % of one core each: the rest" in scaling_report.markdown(rep)  # --node-cpu

@@ -78,16 +78,19 @@ def test_the_cli_refuses_local_sgd_without_permission_in_one_line():
 # --- the sync on a real 2-rank gloo group -----------------------------------------------------------
 
 
-def _worker(rank, port, outer_lr, outer_momentum, wire, q):
+def _worker(rank, port, outer_lr, outer_momentum, wire, q, overlap=False):
+    """Blocking: syncs after steps 3 and 6. Overlapped: sync points after steps 2, 4 and 6 start a sync,
+    the one after 8 (the end) lands it and agrees."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    ls = LocalSGD(model.parameters(), 3, 6, outer_lr, outer_momentum, wire=wire)
+    every, steps = (2, 8) if overlap else (3, 6)
+    ls = LocalSGD(model.parameters(), every, steps, outer_lr, outer_momentum, wire=wire, overlap=overlap)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     out = []
-    for step in range(1, 7):
+    for step in range(1, steps + 1):
         x, y = torch.randn(8, 5, generator=gen), torch.randn(8, 1, generator=gen)
         torch.nn.functional.mse_loss(model(x), y).backward()
         inner.step()
@@ -95,7 +98,7 @@ def _worker(rank, port, outer_lr, outer_momentum, wire, q):
         if ls.due(step):
             before = [p.detach().clone() for p in model.parameters()]
             sha_before = param_sha256(model)
-            info = ls.sync()
+            info = ls.exchange() if overlap and step < steps else ls.sync()
             out.append({"before": before, "after": [p.detach().clone() for p in model.parameters()],
                         "sha_before": sha_before, "sha_after": param_sha256(model),
                         "bytes": info["sync_bytes"]})
@@ -106,29 +109,7 @@ def _worker(rank, port, outer_lr, outer_momentum, wire, q):
 
 
 def _overlap_worker(rank, port, outer_lr, outer_momentum, wire, q):
-    """Sync points after steps 2, 4 and 6 start an overlapped sync; the one after 8 (the end) agrees."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
-    inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    ls = LocalSGD(model.parameters(), 2, 8, outer_lr, outer_momentum, wire=wire, overlap=True)
-    gen = torch.Generator().manual_seed(100 + rank)
-    out = []
-    for step in range(1, 9):
-        x, y = torch.randn(8, 5, generator=gen), torch.randn(8, 1, generator=gen)
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        inner.step()
-        inner.zero_grad()
-        if ls.due(step):
-            before = [p.detach().clone() for p in model.parameters()]
-            info = ls.sync() if step == 8 else ls.exchange()
-            out.append({"before": before, "after": [p.detach().clone() for p in model.parameters()],
-                        "sha_after": param_sha256(model), "bytes": info["sync_bytes"]})
-    buf = io.BytesIO()
-    torch.save(out, buf)
-    q.put((rank, buf.getvalue()))
-    dist.destroy_process_group()
+    _worker(rank, port, outer_lr, outer_momentum, wire, q, overlap=True)
 
 
 def _two_ranks(outer_lr, outer_momentum, wire="fp32", worker=_worker):
