@@ -9,6 +9,8 @@ DEPTH  ?=
 # make wheelhouse: the folder (ddplab_wheelhouse_dir), the nodes' Python versions, an inventory to read them from.
 WHEELHOUSE ?= wheelhouse
 PYTHONS ?= 3.11
+# make test: test files run in this many parallel workers, each with its own simulated lab (tests/conftest.py)
+TEST_WORKERS ?= 3
 
 .PHONY: help setup lint test test-fast data wheelhouse train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch clean
 
@@ -28,7 +30,7 @@ lint: setup  ## ruff + ansible-lint (production profile)
 	$(BIN)/ansible-lint --offline --profile production
 
 test: setup lint  ## Lint, then the whole test suite (simulated hosts need root)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 test-fast: setup  ## Tests without the slow and simlan markers
 	$(BIN)/pytest -q -m 'not slow and not simlan'

@@ -26,6 +26,9 @@ such as sshd is missing, naming what is missing)::
 - The inventory written is ``inventory/simlan/`` (the same one ``python -m simlan up`` writes), so
   ``ansible-playbook -i inventory/simlan ...`` works in a test; ``ansible_python_interpreter`` is
   the repo's ``.venv/bin/python`` (the Python running pytest), visible inside every host.
+- Under pytest-xdist (``make test`` runs files in parallel workers) each worker has its own lab:
+  worker ``gwN`` uses ``SIMLAN_LAB=N+1`` (bridge ``lab<N+1>``, ``inventory/simlan<N+1>``). Lab 0 and
+  ``inventory/simlan`` are left to the README test, which runs the README's commands as typed.
 - ``simlan_cli(*args, timeout=60, input=None)`` runs ``python -m simlan ...`` and returns the
   CompletedProcess (text, captured).
 """
@@ -40,7 +43,11 @@ from pathlib import Path
 
 import pytest
 
-from simlan import cluster as simlan
+from tests.helpers.workers import use_own_simlan_lab
+
+use_own_simlan_lab()  # before simlan is imported: it reads SIMLAN_LAB once
+
+from simlan import cluster as simlan  # noqa: E402
 from simlan.system import cmdline, missing_requirements
 
 REPO = Path(__file__).resolve().parents[1]
