@@ -1,7 +1,8 @@
 """Content hashes of ddplab: files, code trees, shard sets (stdlib only, no package imports).
 
 One module for every side: the control host plans a code sync with it (ddplab.code_tree), a node
-hashes its copy with it (shipped alone by roles/code_sync: ``python hashing.py tree-lines DIR``),
+hashes its copy with it (shipped alone by roles/code_sync: ``python hashing.py tree-lines DIR``; only
+what a record says ddplab placed there, so a sync never prunes a file it did not place),
 preflight's fingerprint and verdict compare with it, the dataset role verifies shards with it.
 
 - ``sha256_file``: hex sha256 of one file.
@@ -147,8 +148,11 @@ def placed(root) -> dict[str, set[str]]:
     return {}
 
 
-def tree_files(root) -> list[str]:
-    """Relative paths of the files under ``root`` that the tree hash covers, sorted bytewise."""
+def tree_files(root, placed_only: bool = False) -> list[str]:
+    """Relative paths of the files under ``root`` that the tree hash covers, sorted bytewise.
+
+    ``placed_only`` (a node's copy, which a sync may prune): only files a record says ddplab placed; no
+    record, nothing. Otherwise (the control host's source) a record still hides what is not in it."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
@@ -157,10 +161,19 @@ def tree_files(root) -> list[str]:
         out += [rel_dir + n for n in filenames
                 if not excluded(rel_dir + n) and os.path.isfile(os.path.join(dirpath, n))]
     trees = placed(root)
-    if trees:
+    if placed_only:
+        out = [rel for rel in out if any(rel in files for files in trees.values())]
+    elif trees:
         out = [rel for rel in out
                if all(rel in files for prefix, files in trees.items() if rel.startswith(prefix))]
     return sorted(out)  # code-point order of str == byte order of their UTF-8
+
+
+def unplaced(root, rels) -> list[str]:
+    """The paths among ``rels`` (relative to root) where something exists that ddplab did not place: a
+    sync must not overwrite them."""
+    mine = {rel for files in placed(root).values() for rel in files}
+    return [rel for rel in rels if rel not in mine and os.path.lexists(os.path.join(root, rel))]
 
 
 def tree_lines(root, rels=None, prefix: str = "") -> list[str]:
@@ -277,16 +290,25 @@ def shard_set(data_dir) -> dict:
     return out
 
 
+USAGE = "usage: hashing.py tree-lines DIR | hashing.py unplaced DIR REL..."
+
+
 def main(argv=None) -> int:
-    """``hashing.py tree-lines DIR``: the sum lines of DIR (nothing when DIR does not exist)."""
+    """On a node: ``tree-lines DIR`` prints the sum lines of the files ddplab placed in DIR (nothing when
+    DIR or its record does not exist); ``unplaced DIR REL...`` prints each REL that exists in DIR but
+    was not placed by ddplab (what a sync would overwrite)."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] != "tree-lines":
-        print("usage: hashing.py tree-lines DIR", file=sys.stderr)
-        return 2
-    if os.path.isdir(argv[1]):
-        for line in tree_lines(argv[1]):
-            print(line)
-    return 0
+    if len(argv) == 2 and argv[0] == "tree-lines":
+        if os.path.isdir(argv[1]):
+            for line in tree_lines(argv[1], tree_files(argv[1], placed_only=True)):
+                print(line)
+        return 0
+    if len(argv) >= 2 and argv[0] == "unplaced":
+        for rel in unplaced(argv[1], argv[2:]):
+            print(rel)
+        return 0
+    print(USAGE, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

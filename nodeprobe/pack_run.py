@@ -6,7 +6,8 @@
 Takes the files of RUN_DIR whose name matches a --pattern (recursively, minus --exclude), plus the files
 named by each --glob (relative to --glob-dir, the ranks' working folder, default RUN_DIR; `**` recurses;
 only files inside that folder; packed under their path relative to it), and the whole
-tmux scrollback of the run's session as pane.txt. Prints one JSON object: {"files": [...], "pane": bool}.
+tmux scrollback of the run's session as pane.txt. The archive is 0600 and trainer.env goes in with the
+values of ddplab_env redacted. Prints one JSON object: {"files": [...], "pane": bool}.
 A run folder that does not exist or holds no matching file prints {"files": []} (the role names it).
 Standard library only: it runs with the node's system Python from the synced code folder.
 """
@@ -14,6 +15,7 @@ Standard library only: it runs with the node's system Python from the synced cod
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import glob
 import io
@@ -55,15 +57,45 @@ def capture_pane(socket: str, session: str) -> str:
     return p.stdout if p.returncode == 0 else f"(no tmux pane: {p.stderr.strip()})\n"
 
 
+# trainer.env (roles/launch/templates/trainer.env.j2): the lines after this comment hold ddplab_env, whose
+# values may be secrets. The archive carries them as REDACTED; the node's own copy stays 0600.
+SECRETS_FROM = "# ddplab_env"
+REDACTED = "<redacted>"
+
+
+def redact_env(text: str) -> str:
+    """trainer.env with the value of every ddplab_env line replaced (keys kept: they say what was set)."""
+    out, secret = [], False
+    for line in text.splitlines():
+        if line.startswith(SECRETS_FROM):
+            secret = True
+        elif secret and "=" in line and not line.startswith("#"):
+            line = line.split("=", 1)[0] + "=" + REDACTED
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _add_text(tar: tarfile.TarFile, name: str, text: str, mode: int) -> None:
+    data = text.encode()
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), int(time.time()), mode
+    tar.addfile(info, io.BytesIO(data))
+
+
 def pack(out: str, files: dict[str, str], pane: str) -> None:
+    """The archive, 0600 from its first byte (it is removed once fetched, roles/logs)."""
     tmp = f"{out}.tmp"
-    with tarfile.open(tmp, "w:gz") as tar:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
         for rel, path in files.items():
-            tar.add(path, arcname=rel, recursive=False)
-        data = pane.encode()
-        info = tarfile.TarInfo("pane.txt")
-        info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
-        tar.addfile(info, io.BytesIO(data))
+            if os.path.basename(rel) == "trainer.env":
+                with open(path, errors="replace") as f:
+                    _add_text(tar, rel, redact_env(f.read()), 0o600)
+            else:
+                tar.add(path, arcname=rel, recursive=False)
+        _add_text(tar, "pane.txt", pane, 0o644)
     os.replace(tmp, out)
 
 

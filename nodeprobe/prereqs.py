@@ -4,7 +4,9 @@ Shipped alone as the program on stdin (``python3 - --path P --python PY --comman
 it runs before any ddplab code is on the node. Prints one JSON object: the system (``uname``), the
 distribution from /etc/os-release and its family (``Debian`` for Debian, Ubuntu and their derivatives,
 the only family whose packages ddplab installs), the commands found on PATH, and what is missing with
-the Debian package that brings each. Replaces Ansible's fact gathering (0.6 s) plus a second probe.
+the Debian package that brings each; and whether ddplab_root can be the lab folder (not /, not the home
+folder, not a folder with files that ddplab did not make). Replaces Ansible's fact gathering (0.6 s)
+plus a second probe.
 """
 
 from __future__ import annotations
@@ -65,6 +67,27 @@ def missing(found: dict[str, str | None], commands: dict[str, str], venv_ok: boo
     return cmds, list(dict.fromkeys(pkgs))
 
 
+# Written into ddplab_root when ddplab makes it (roles/ddplab/tasks/dirs.yml). A folder that holds files
+# and none of these was not made by ddplab: it is refused, since syncs there write and prune.
+ROOT_MARKER = ".ddplab-lab"
+ROOT_MARKERS = (ROOT_MARKER, "code/.ddplab-code-files.json")  # the latter: labs made before the marker
+
+
+def root_problem(root: str, home: str) -> str | None:
+    """Why ``root`` (ddplab_root as given, ``~`` allowed) cannot be ddplab's lab folder, or None."""
+    path = os.path.realpath(os.path.expanduser(root))
+    if path == "/":
+        return "is /"
+    if path == os.path.realpath(home):
+        return "is your home folder"
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return "is not a folder"
+    if os.path.isdir(path) and os.listdir(path) and not any(
+            os.path.lexists(os.path.join(path, m)) for m in ROOT_MARKERS):
+        return f"holds files and ddplab did not make it (no {ROOT_MARKER} in it)"
+    return None
+
+
 def venv_works(python: str, path: str) -> bool:
     exe = shutil.which(python, path=path)
     if not exe:
@@ -82,6 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--python", default="python3", help="the Python that makes the venv")
     p.add_argument("--venv-package", default="python3-venv")
     p.add_argument("--command", action="append", default=[], metavar="NAME=PACKAGE")
+    p.add_argument("--root", help="ddplab_root: say when it cannot be the lab folder")
     a = p.parse_args(argv)
     commands = dict(c.split("=", 1) for c in a.command)
     found = {c: shutil.which(c, path=a.path) for c in commands}
@@ -93,7 +117,9 @@ def main(argv=None) -> int:
         "system": uname.sysname, "machine": uname.machine,
         "distribution": release.get("NAME", "unknown"), "version": release.get("VERSION_ID", ""),
         "os_family": os_family(release), "found": found, "venv": venv_ok,
-        "missing_cmds": cmds, "missing_pkgs": pkgs}))
+        "missing_cmds": cmds, "missing_pkgs": pkgs,
+        "root": os.path.realpath(os.path.expanduser(a.root)) if a.root else None,
+        "root_problem": root_problem(a.root, os.path.expanduser("~")) if a.root else None}))
     return 0
 
 

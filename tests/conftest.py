@@ -48,7 +48,7 @@ from tests.helpers.workers import use_own_simlan_lab
 use_own_simlan_lab()  # before simlan is imported: it reads SIMLAN_LAB once
 
 from simlan import cluster as simlan  # noqa: E402
-from simlan.system import cmdline, missing_requirements
+from simlan.system import cmdline, missing_requirements  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

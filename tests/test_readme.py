@@ -49,7 +49,8 @@ def readme_commands() -> list[str]:
 def run(cmd: str, timeout: float) -> subprocess.CompletedProcess:
     # A reader has no SIMLAN_LAB: `simlan up` then makes lab 0, which `-i inventory/simlan` names (a
     # parallel test worker's own lab is another one, tests/helpers/workers.py).
-    env = {**{k: v for k, v in os.environ.items() if k != "SIMLAN_LAB"}, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    env = {**{k: v for k, v in os.environ.items() if k != "SIMLAN_LAB"},
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
            "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run(["bash", "-c", cmd], cwd=REPO, env=env, text=True, capture_output=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)

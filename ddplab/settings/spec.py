@@ -64,7 +64,10 @@ SETTINGS: tuple[Setting, ...] = (
     # --- the nodes ---------------------------------------------------------------------------------
     Setting("ddplab_root", "str", "~/ddplab",
             "Lab folder on every node (code/, data/, venv/, runs/<run_id>/, tmux.sock); `~` is the SSH "
-            "user's home.", pattern=r"(~|/).*", pattern_doc="a path starting with ~ or /", per_host=True),
+            "user's home. A folder of ddplab's own: not ~ or / itself, and new, empty or made by ddplab "
+            "(an existing folder with other files is refused on the node, nothing changed).",
+            pattern=r"(~/+|/+)[^/].*", pattern_doc="a folder of its own: a path under ~/ or / (not ~ or /)",
+            per_host=True),
     Setting("ddplab_master_port", "int", 29500,
             "Rank 0's TCP port for torchrun's rendezvous store; prepare.yml ends whatever listens on it "
             "on the master.", min=1, max=65535),

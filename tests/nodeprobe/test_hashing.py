@@ -62,6 +62,10 @@ def test_shipped_alone_it_prints_the_same_lines(tmp_path):
     shutil.copy(REPO / "nodeprobe" / "hashing.py", alone)
     run = subprocess.run([sys.executable, str(alone), "tree-lines", str(tmp_path / "code")], cwd=tmp_path,
                          capture_output=True, text=True, timeout=30, check=True)
+    assert run.stdout == ""  # on a node only what a record says ddplab placed counts: no record, nothing
+    (tmp_path / "code" / hashing.SYNC_RECORD).write_text(json.dumps(hashing.tree_files(tmp_path / "code")))
+    run = subprocess.run([sys.executable, str(alone), "tree-lines", str(tmp_path / "code")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30, check=True)
     assert run.stdout.splitlines() == hashing.tree_lines(tmp_path / "code")
     missing = subprocess.run([sys.executable, str(alone), "tree-lines", str(tmp_path / "none")],
                              capture_output=True, text=True, timeout=30)

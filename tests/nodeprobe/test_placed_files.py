@@ -39,10 +39,30 @@ def test_the_code_folder_and_one_tree_count_only_placed_files(tmp_path):
     assert hashing.tree_files(code / "user") == ["data/x.bin"]
 
 
-def test_without_a_record_every_file_counts(tmp_path):
+def test_without_a_record_every_file_counts_on_the_control_host_and_none_on_a_node(tmp_path):
     code = node_code(tmp_path)
     (code / hashing.RECORD).unlink()
-    assert "user/out/ckpt.pt" in hashing.tree_files(code)
+    assert "user/out/ckpt.pt" in hashing.tree_files(code)  # a source folder: every file is synced
+    assert hashing.tree_files(code, placed_only=True) == []  # a node's copy: nothing to prune
+
+
+def test_a_node_counts_no_file_outside_the_recorded_trees(tmp_path):
+    """A folder the user keeps beside the synced trees (code/thesis/) is neither hashed nor pruned."""
+    code = node_code(tmp_path)
+    (code / "thesis").mkdir()
+    (code / "thesis" / "chapter1.tex").write_text("my thesis")
+    (code / "notes.txt").write_text("notes")
+    assert hashing.tree_files(code, placed_only=True) == ["trainer/a.py", "user/data/x.bin", "user/train.py"]
+
+
+def test_unplaced_names_what_a_sync_would_overwrite(tmp_path):
+    code = node_code(tmp_path)
+    (code / "thesis").mkdir()
+    (code / "thesis" / "chapter1.tex").write_text("my thesis")
+    rels = ["trainer/a.py", "user/out/ckpt.pt", "thesis/chapter1.tex", "user/new.py"]
+    assert hashing.unplaced(code, rels) == ["user/out/ckpt.pt", "thesis/chapter1.tex"]
+    (code / hashing.RECORD).unlink()
+    assert hashing.unplaced(code, rels) == ["trainer/a.py", "user/out/ckpt.pt", "thesis/chapter1.tex"]
 
 
 def test_the_shipped_script_prints_the_placed_lines(tmp_path):
@@ -52,6 +72,10 @@ def test_the_shipped_script_prints_the_placed_lines(tmp_path):
     out = subprocess.run([sys.executable, str(alone), "tree-lines", str(code)], capture_output=True,
                          text=True, timeout=60, check=True).stdout.splitlines()
     assert [ln.split("  ", 1)[1] for ln in out] == ["trainer/a.py", "user/data/x.bin", "user/train.py"]
+    unplaced = subprocess.run([sys.executable, str(alone), "unplaced", str(code), "trainer/a.py",
+                               "user/out/log.txt"], capture_output=True, text=True, timeout=60,
+                              check=True).stdout.splitlines()
+    assert unplaced == ["user/out/log.txt"]
 
 
 def test_the_plan_ships_included_files_and_records_what_it_places(tmp_path):

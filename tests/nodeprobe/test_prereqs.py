@@ -50,3 +50,23 @@ def test_the_probe_runs_alone_as_the_program_on_stdin(tmp_path):
     assert got["found"] == {"tool-here": str(tmp_path / "bin" / "tool-here"), "tool-gone": None}
     assert got["missing_cmds"] == ["tool-gone"] and got["missing_pkgs"] == ["pkg-b"]
     assert got["os_family"] == "Debian"  # this machine runs Debian 12
+
+
+def test_a_lab_folder_that_ddplab_did_not_make_is_refused(tmp_path):
+    home = tmp_path / "home"
+    (home / "thesis").mkdir(parents=True)
+    (home / "thesis" / "chapter1.tex").write_text("words")
+    assert prereqs.root_problem("/", str(home)) == "is /"
+    assert prereqs.root_problem(str(home), str(home)) == "is your home folder"
+    assert prereqs.root_problem(str(home) + "/", str(home)) == "is your home folder"
+    assert "ddplab did not make it" in prereqs.root_problem(str(home / "thesis"), str(home))
+    (home / "notes.txt").write_text("x")
+    assert prereqs.root_problem(str(home / "notes.txt"), str(home)) == "is not a folder"
+    assert prereqs.root_problem(str(home / "new"), str(home)) is None  # made by ddplab
+    (home / "empty").mkdir()
+    assert prereqs.root_problem(str(home / "empty"), str(home)) is None
+    (home / "thesis" / prereqs.ROOT_MARKER).write_text("")
+    assert prereqs.root_problem(str(home / "thesis"), str(home)) is None  # marked: ddplab made it
+    (home / "old" / "code").mkdir(parents=True)
+    (home / "old" / "code" / ".ddplab-code-files.json").write_text("{}")
+    assert prereqs.root_problem(str(home / "old"), str(home)) is None  # a lab from before the marker

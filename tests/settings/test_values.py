@@ -24,6 +24,7 @@ BAD = [
     ("ddplab_collect_globs", None), ("ddplab_env", ["A=1"]), ("ddplab_env", "A=1"),
     ("ddplab_env", {"A": {"nested": 1}}), ("ddplab_run_id", "bad id"), ("ddplab_run_id", "-x"),
     ("ddplab_run_id", "a" * 65), ("ddplab_root", "relative/lab"), ("ddplab_root", ["~/ddplab"]),
+    ("ddplab_root", "~"), ("ddplab_root", "~/"), ("ddplab_root", "/"), ("ddplab_root", "//"),
     ("ddplab_torch_version", "latest"), ("ddplab_torch_version", "2.13"[:1] + "x"),
     ("ddplab_code_subdir", "trainer"), ("ddplab_code_subdir", "a/b"), ("ddplab_code_subdir", ".."),
     ("ddplab_pip_index_url", "not a url"), ("ddplab_data_dir", {"path": "x"}),
@@ -40,7 +41,7 @@ def test_bad_value_is_one_error_naming_the_setting(shards, name, value):  # noqa
     ("ddplab_trainer_steps", "7"), ("ddplab_trainer_steps", 7), ("ddplab_master_port", "1"),
     ("ddplab_master_port", 65535), ("ddplab_wait", "yes"), ("ddplab_wait", "False"), ("ddplab_wait", True),
     ("ddplab_wait", 0), ("ddplab_threads", 0), ("ddplab_max_restarts", 0), ("ddplab_run_id", "run-1.a_b"),
-    ("ddplab_root", "/srv/lab"), ("ddplab_root", "~"), ("ddplab_python", None),
+    ("ddplab_root", "/srv/lab"), ("ddplab_root", "~/lab"), ("ddplab_python", None),
     ("ddplab_env", {"OMP_PROC_BIND": "close", "N": 3}), ("ddplab_trainer_extra_args", ["--batch-size", 8]),
     ("ddplab_torch_version", "2.13.0"), ("ddplab_code_subdir", "mycode"),
 ])

@@ -311,8 +311,14 @@ def test_root_listener_on_the_master_port_is_named_not_killed(stock, prepared):
         while ":29500" not in c.exec("node0", ["ss", "-Htln"], timeout=30).stdout:
             assert time.monotonic() < deadline, "the listener did not start"
             time.sleep(0.2)
+        # a module planted in the login user's home, where the root scan used to start: never run as root
+        planted = "import os\nopen('/tmp/json-ran-as-uid-%d' % os.getuid(), 'w').close()\n"
+        c.exec("node0", ["su", "lab", "-c", f"printf %s {shlex.quote(planted)} > ~/json.py"], timeout=30,
+               check=True)
         run = playbook("prepare.yml", inventory=stock["inv"], extra=stock["extra"], timeout=600)
         assert run.returncode != 0, tail(run)
+        assert c.exec("node0", ["test", "-e", "/tmp/json-ran-as-uid-0"], timeout=30).returncode != 0, \
+            "the root scan imported ~/json.py"
         # `lab` cannot see root's PID; the read-only root scan names it, as the user would need it
         assert (f"ddplab: error: node0: master port 29500 is held by PID {squatter} of user root: "
                 "python3 -c import socket") in run.stdout, tail(run)
@@ -320,3 +326,4 @@ def test_root_listener_on_the_master_port_is_named_not_killed(stock, prepared):
         assert c.exec("node0", ["kill", "-0", squatter], timeout=30).returncode == 0, "prepare killed it"
     finally:
         c.exec("node0", ["kill", squatter], timeout=30)
+        c.exec("node0", ["rm", "-f", "/home/lab/json.py"], timeout=30)
