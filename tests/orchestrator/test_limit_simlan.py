@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.helpers.firewall import ephemeral_ports, peer_rules
 from tests.helpers.playbooks import make_shards, playbook, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
@@ -118,7 +119,8 @@ def test_prepare_limit_brings_a_wiped_node_back(finished, lab):
     prep = playbook("prepare.yml", "-l", "node1", inventory=inv, timeout=600, extra=lab)
     assert prep.returncode == 0, tail(prep)
     rules = finished.exec("node1", ["ufw", "show", "added"], timeout=30).stdout
-    assert f"ufw allow from {node0_addr} proto tcp comment 'ddplab'" in rules, rules
+    for rule in peer_rules(node0_addr, node0_addr, ephemeral_ports(finished, "node1")):
+        assert rule in rules, rules
     run = playbook("launch.yml", inventory=inv, timeout=420,
                    extra={**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 3, "ddplab_run_id": "lim-b"})
     assert run.returncode == 0, tail(run)

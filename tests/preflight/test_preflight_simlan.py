@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.firewall import ephemeral_ports, peer_rule_args
 from tests.helpers.playbooks import REPO, playbook, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
@@ -197,16 +198,21 @@ def test_host_faults_are_named_and_prepare_repairs_the_shards(prepared):
     assert_passes(lab, lab["inv3"], ["node0", "node1", "node2"])
 
 
+def _peer_rules(lab, host: str) -> list[str]:
+    """The ufw arguments of every rule prepare added on `host` for its peers."""
+    master, ports = lab["addr"]["node0"], ephemeral_ports(lab["cluster"], host)
+    peers = [a for peer, a in lab["addr"].items() if peer != host]
+    return [args for a in peers for args in peer_rule_args(a, master, ports)]
+
+
 def _deny_peers(lab, host: str) -> None:
-    for peer, a in lab["addr"].items():
-        if peer != host:
-            sh(lab, host, f"ufw delete allow from {a} proto tcp comment ddplab")
+    for args in _peer_rules(lab, host):
+        sh(lab, host, f"ufw delete {args}")
 
 
 def _allow_peers(lab, host: str) -> None:
-    for peer, a in lab["addr"].items():
-        if peer != host:
-            sh(lab, host, f"ufw allow from {a} proto tcp comment ddplab")
+    for args in _peer_rules(lab, host):
+        sh(lab, host, f"ufw {args}")
 
 
 def test_firewalls_and_a_dead_sshd_are_named(prepared):
@@ -235,8 +241,5 @@ def test_firewalls_and_a_dead_sshd_are_named(prepared):
         c.sshd("node1", "start")
         sh(lab, "node0", f"ufw delete allow {PORT}/tcp")
         for host in ("node0", "node2"):
-            rules = sh(lab, host, "ufw show added")
-            for peer, a in addr.items():
-                if peer != host and f"allow from {a} " not in rules:
-                    sh(lab, host, f"ufw allow from {a} proto tcp comment ddplab")
+            _allow_peers(lab, host)  # ufw skips a rule it has
     assert_passes(lab, inv, ["node0", "node1", "node2"])

@@ -27,12 +27,12 @@ import yaml
 
 from simlan import cluster as simlan
 from simlan.system import missing_requirements, which
+from tests.helpers.firewall import ephemeral_ports, peer_rules
 from tests.helpers.playbooks import BIN, REPO, make_shards, playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 WHEELHOUSE = REPO / "wheelhouse"  # ddplab_wheelhouse_dir's default: what `make wheelhouse` fills
-PEER_RULE = "ufw allow from {addr} proto tcp comment 'ddplab'"
 
 
 def _skip_reason() -> str | None:
@@ -129,7 +129,8 @@ def test_inactive_ufw_stays_off_with_the_peer_rule_and_the_limit_rule_kept(stock
     assert prepared[0].returncode == 0, tail(prepared[0])
     c, addr = stock["cluster"], stock["addr"]
     assert not ufw_active(c, "node0")
-    assert ufw_added(c, "node0") == ["ufw limit 22/tcp", PEER_RULE.format(addr=addr["node1"])]
+    rules = peer_rules(addr["node1"], addr["node0"], ephemeral_ports(c, "node0"))
+    assert ufw_added(c, "node0") == ["ufw limit 22/tcp", *rules]
     assert "ufw is inactive, so it blocks nothing" in prepared[0].stdout
     assert "node1: neither ufw nor firewalld is installed" in prepared[0].stdout
 
@@ -158,22 +159,60 @@ def test_firewall_enable_turns_ufw_on_and_adds_no_ssh_rule(stock, prepared):
     assert on.returncode == 0, tail(on)
     assert ufw_active(c, "node0")
     # the user's `limit 22/tcp` already lets SSH in: it stays, and nothing wider appears
-    assert ufw_added(c, "node0") == ["ufw limit 22/tcp", PEER_RULE.format(addr=addr["node1"])]
+    rules = peer_rules(addr["node1"], addr["node0"], ephemeral_ports(c, "node0"))
+    assert ufw_added(c, "node0") == ["ufw limit 22/tcp", *rules]
     assert as_lab(c, "node0", "true").returncode == 0  # still reachable over SSH
 
 
-def test_cleanup_removes_exactly_ddplabs_rules(stock, prepared):
+def test_cleanup_removes_exactly_this_labs_rules_and_turns_ufw_back_off(stock, prepared):
     assert prepared[0].returncode == 0, tail(prepared[0])
     c = stock["cluster"]
-    was_active = ufw_active(c, "node0")
+    assert ufw_active(c, "node0")  # turned on by firewall_enable above
+    # another lab on the same node (its master elsewhere): its rule is not this lab's to remove
+    other = "ufw allow from 10.99.0.5 to any port 29600 proto tcp comment 'ddplab-lab-10.99.0.1'"
+    c.exec("node0", ["sh", "-c", f"{other} >/dev/null"], timeout=60, check=True)
     clean = playbook("stop.yml", "--tags", "firewall_cleanup", inventory=stock["inv"], extra=stock["extra"],
                      timeout=300)
     assert clean.returncode == 0, tail(clean)
-    assert ufw_added(c, "node0") == ["ufw limit 22/tcp"]
-    assert ufw_active(c, "node0") == was_active  # on/off state untouched
-    # The later tests start from the stock state (ufw inactive): an active `limit 22/tcp` rejects the 6th
-    # new SSH connection from one address within 30 s, and their checks open one per command.
-    c.exec("node0", ["ufw", "--force", "disable"], timeout=60, check=True)
+    assert ufw_added(c, "node0") == ["ufw limit 22/tcp", other]
+    assert not ufw_active(c, "node0")  # this lab turned it on: back off, as the user had it
+    c.exec("node0", ["sh", "-c", f"ufw delete {other.removeprefix('ufw ')} >/dev/null"], timeout=60,
+           check=True)
+
+
+def test_cleanup_never_locks_the_user_out(stock, prepared):
+    """No SSH rule of the user's: ddplab's enable adds one from the control host; the cleanup must not
+    leave ufw on without it."""
+    assert prepared[0].returncode == 0, tail(prepared[0])
+    c = stock["cluster"]
+    c.exec("node0", ["sh", "-c", "ufw delete limit 22/tcp >/dev/null"], timeout=60, check=True)
+    try:
+        on = playbook("prepare.yml", "--tags", "firewall", inventory=stock["inv"],
+                      extra={**stock["extra"], "firewall_enable": "true"}, timeout=300)
+        assert on.returncode == 0, tail(on)
+        assert ufw_active(c, "node0")
+        assert any("to any port 22 proto tcp" in r for r in ufw_added(c, "node0"))
+        clean = playbook("stop.yml", "--tags", "firewall_cleanup", inventory=stock["inv"],
+                         extra=stock["extra"], timeout=300)
+        assert clean.returncode == 0, tail(clean)
+        assert as_lab(c, "node0", "true").returncode == 0, "SSH no longer connects after the cleanup"
+        assert not ufw_active(c, "node0") and ufw_added(c, "node0") == []
+        # ufw on by the user's hand, with only ddplab's SSH rule: the cleanup keeps that rule and says so
+        on = playbook("prepare.yml", "--tags", "firewall", inventory=stock["inv"],
+                      extra={**stock["extra"], "firewall_enable": "true"}, timeout=300)
+        assert on.returncode == 0, tail(on)
+        record = f"/var/lib/ddplab/firewall-ddplab-lab-{stock['addr']['node0']}-node0.json"
+        c.exec("node0", ["rm", record], timeout=30, check=True)  # as if the user had turned ufw on themselves
+        clean = playbook("stop.yml", "--tags", "firewall_cleanup", inventory=stock["inv"],
+                         extra=stock["extra"], timeout=300)
+        assert clean.returncode == 0, tail(clean)
+        assert "would lock you out" in clean.stdout, tail(clean)
+        assert ufw_active(c, "node0")
+        assert as_lab(c, "node0", "true").returncode == 0, "SSH no longer connects after the cleanup"
+    finally:
+        # The later tests start from the stock state (ufw inactive, the user's `limit 22/tcp`)
+        c.exec("node0", ["sh", "-c", "ufw --force disable >/dev/null; ufw --force reset >/dev/null; "
+                         "ufw limit 22/tcp >/dev/null"], timeout=60, check=True)
 
 
 # ---------------------------------------------------------------- sudo's password: prompt and vault

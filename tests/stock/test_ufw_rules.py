@@ -48,23 +48,64 @@ def test_ssh_rules_are_found_by_port_or_name():
     assert ufw.ufw_ssh_rules(ufw.ufw_rules(["ufw allow 80/tcp"]), 22) == []
 
 
-def test_stale_rules_are_ours_that_match_no_current_peer():
-    ours = [r for r in ufw.ufw_rules(SHOWN) if r["comment"] == "ddplab"]
-    stale = [r["text"] for r in ufw.ufw_stale(ours, ["10.77.3.11"], 22)]
-    # the old all-protocol form is stale; the TCP rule of a current peer and our SSH rule are kept
-    assert stale == ["ufw allow from 10.77.3.12 comment 'ddplab'"]
-    gone = [r["text"] for r in ufw.ufw_stale(ours, [], 22)]
-    assert gone == ["ufw allow from 10.77.3.11 proto tcp comment 'ddplab'",
-                    "ufw allow from 10.77.3.12 comment 'ddplab'"]
+LAB = "ddplab-lab-10.77.3.10"
+PORTS = ["29500", "32768:60999"]
+OURS = f"""ufw allow from 10.77.3.11 to any port 29500 proto tcp comment '{LAB}'
+ufw allow from 10.77.3.11 to any port 32768:60999 proto tcp comment '{LAB}'
+ufw allow from 10.77.3.11 proto tcp comment '{LAB}'
+ufw allow from 10.77.3.12 to any port 29500 proto tcp comment '{LAB}'
+ufw allow from 10.77.3.1 to any port 22 proto tcp comment '{LAB}'
+ufw allow from 10.77.3.11 to any port 29600 proto tcp comment 'ddplab-lab-10.77.3.50'
+""".splitlines()
+
+
+def test_stale_rules_are_ours_that_match_no_current_peer_or_port():
+    ours = [r for r in ufw.ufw_rules(OURS) if r["comment"] == LAB]
+    stale = [r["text"] for r in ufw.ufw_stale(ours, ["10.77.3.11"], PORTS, 22)]
+    # the every-port form and a peer that left are stale; a current peer's port rules and our SSH rule stay
+    assert stale == [f"ufw allow from 10.77.3.11 proto tcp comment '{LAB}'",
+                     f"ufw allow from 10.77.3.12 to any port 29500 proto tcp comment '{LAB}'"]
+    moved = [r["text"] for r in ufw.ufw_stale(ours, ["10.77.3.11"], ["29501", "32768:60999"], 22)]
+    assert f"ufw allow from 10.77.3.11 to any port 29500 proto tcp comment '{LAB}'" in moved
+
+
+def test_missing_rules_are_each_peer_and_port_without_one():
+    ours = [r for r in ufw.ufw_rules(OURS) if r["comment"] == LAB]
+    assert ufw.ufw_missing_peer_rules(ours, ["10.77.3.11", "10.77.3.12", "10.77.3.13"], PORTS) == [
+        {"src": "10.77.3.12", "port": "32768:60999"},
+        {"src": "10.77.3.13", "port": "29500"}, {"src": "10.77.3.13", "port": "32768:60999"}]
+    assert ufw.ufw_missing_peer_rules(ours, [], PORTS) == []
+
+
+def test_the_ephemeral_port_range_is_written_as_ufw_wants_it():
+    assert ufw.port_range("32768\t60999") == "32768:60999"
+    assert ufw.port_range(" 1024 65000 ") == "1024:65000"
+
+
+def _texts(rules):
+    return [r["text"] for r in rules]
+
+
+def test_cleanup_deletes_only_this_labs_rules_and_never_the_only_way_in():
+    rules = ufw.ufw_rules(OURS)
+    ssh = f"ufw allow from 10.77.3.1 to any port 22 proto tcp comment '{LAB}'"
+    other_lab = "ufw allow from 10.77.3.11 to any port 29600 proto tcp comment 'ddplab-lab-10.77.3.50'"
+    # ufw was on before ddplab and ours is the only SSH rule: it stays, the rest of ours goes
+    plan = ufw.ufw_cleanup(rules, LAB, active=True, enabled_by_us=False, ssh_port=22)
+    assert _texts(plan["keep_ssh"]) == [ssh] and not plan["disable"]
+    assert ssh not in _texts(plan["delete"]) and other_lab not in _texts(plan["delete"])
+    assert len(plan["delete"]) == 4
+    # this lab turned ufw on: it goes back off, and then every rule of ours can go
+    plan = ufw.ufw_cleanup(rules, LAB, active=True, enabled_by_us=True, ssh_port=22)
+    assert plan["disable"] and plan["keep_ssh"] == [] and ssh in _texts(plan["delete"])
+    # another SSH rule lets the user in: ours goes
+    plan = ufw.ufw_cleanup(ufw.ufw_rules([*OURS, "ufw limit 22/tcp"]), LAB, active=True, enabled_by_us=False,
+                           ssh_port=22)
+    assert plan["keep_ssh"] == [] and ssh in _texts(plan["delete"])
+    # ufw off: nothing can lock anyone out
+    plan = ufw.ufw_cleanup(rules, LAB, active=False, enabled_by_us=True, ssh_port=22)
+    assert not plan["disable"] and plan["keep_ssh"] == [] and len(plan["delete"]) == 5
 
 
 def test_lines_that_are_not_rules_are_ignored():
     assert ufw.ufw_rules(["", "Added user rules:", "(None)", "ufw", "ufw allow from 'unclosed"]) == []
-
-
-def test_missing_peers_are_those_without_our_tcp_rule():
-    ours = [r for r in ufw.ufw_rules(SHOWN) if r["comment"] == "ddplab"]
-    # .11 has the TCP rule; .12 only the old all-protocol form; .13 nothing; .1 only an SSH rule
-    assert ufw.ufw_missing_peers(ours, ["10.77.3.11", "10.77.3.12", "10.77.3.13", "10.77.3.1"]) == \
-        ["10.77.3.12", "10.77.3.13", "10.77.3.1"]
-    assert ufw.ufw_missing_peers(ours, []) == []

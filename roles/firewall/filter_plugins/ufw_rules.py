@@ -52,24 +52,48 @@ def ufw_ssh_rules(rules, port):
             and r["proto"] in (None, "tcp")]
 
 
-def ufw_stale(rules, peers, ssh_port):
-    """ddplab's rules that are neither `allow from <peer> proto tcp` for a current peer nor an SSH rule
-    (a node that left the inventory, the older all-protocol form)."""
+def _peer_rule(r, peers, ports) -> bool:
+    """`allow from <peer> to any port <one of ports> proto tcp`: what the role adds now."""
+    return r["action"] == "allow" and r["src"] in peers and r["proto"] == "tcp" and r["port"] in ports
+
+
+def ufw_stale(rules, peers, ports, ssh_port):
+    """ddplab's rules that are neither a current peer's rule for a port in use nor an SSH rule (a node
+    that left the inventory, a port no longer used, the older every-port forms)."""
+    ports = [str(p) for p in ports]
     ssh = {id(r) for r in ufw_ssh_rules(rules, ssh_port)}
-    def current_peer(r):
-        return r["action"] == "allow" and r["src"] in peers and r["proto"] == "tcp" and r["port"] is None
-
-    return [r for r in rules if id(r) not in ssh and not current_peer(r)]
+    return [r for r in rules if id(r) not in ssh and not _peer_rule(r, peers, ports)]
 
 
-def ufw_missing_peers(rules, peers):
-    """The peers that have no `allow from <peer> proto tcp` rule among ``rules`` yet: on a prepared node
-    none, so the role adds rules without one ufw call per peer (a round trip each, at 16 nodes 15)."""
-    have = {r["src"] for r in rules if r["action"] == "allow" and r["proto"] == "tcp" and r["port"] is None}
-    return [p for p in peers if p not in have]
+def ufw_missing_peer_rules(rules, peers, ports):
+    """{src, port} for each peer and port that has no `allow from <peer> to any port <port> proto tcp`
+    among ``rules`` yet: on a prepared node none, so the role adds rules without one ufw call per rule."""
+    ports = [str(p) for p in ports]
+    have = {(r["src"], r["port"]) for r in rules if _peer_rule(r, peers, ports)}
+    return [{"src": p, "port": port} for p in peers for port in ports if (p, port) not in have]
+
+
+def ufw_cleanup(rules, comment, active, enabled_by_us, ssh_port):
+    """What `stop.yml -e ddplab_firewall_cleanup=true` does on one node: {"delete": [rules], "keep_ssh":
+    [rules], "disable": bool}. Only rules tagged ``comment`` (this lab's) are deleted; ufw goes back off
+    when this lab turned it on; an SSH rule of ours stays while ufw stays on and no other rule lets SSH in,
+    so a cleanup never locks the user out."""
+    ours = [r for r in rules if r["comment"] == comment]
+    disable = bool(active and enabled_by_us)
+    others_ssh = [r for r in ufw_ssh_rules(rules, ssh_port) if r["comment"] != comment]
+    keep = [] if disable or not active or others_ssh else ufw_ssh_rules(ours, ssh_port)
+    keep_ids = {id(r) for r in keep}
+    return {"delete": [r for r in ours if id(r) not in keep_ids], "keep_ssh": keep, "disable": disable}
+
+
+def port_range(text):
+    """`ip_local_port_range`'s "32768\t60999" as ufw's "32768:60999" (the ports gloo listens on)."""
+    lo, hi = (int(x) for x in str(text).split())
+    return f"{lo}:{hi}"
 
 
 class FilterModule:
     def filters(self):
         return {"ufw_rules": ufw_rules, "ufw_ssh_rules": ufw_ssh_rules, "ufw_stale": ufw_stale,
-                "ufw_missing_peers": ufw_missing_peers}
+                "ufw_missing_peer_rules": ufw_missing_peer_rules, "ufw_cleanup": ufw_cleanup,
+                "port_range": port_range}
