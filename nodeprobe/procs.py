@@ -5,9 +5,11 @@
 - ``stale``: the stale_processes role's finder and killer. Shipped alone (``python procs.py --root
   R [--port P] [--run-id RUN] [--replace] [--kill --grace S]``) because stop.yml must also work on a
   node whose synced code is gone. A process is the lab's when its environment has DDPLAB_ROOT=<root>
-  (every rank ddplab starts), or when its command line runs torchrun / torch.distributed.run / trainer
-  and names the lab folder (leftovers started by hand). Prints ``{"found", "live_runs", "refused",
-  "holders", "others", "errors", "killed", "survivors"}``; with errors nothing is signalled.
+  (every rank ddplab starts), or when it is a Python/torchrun process running torchrun /
+  torch.distributed.run / the trainer module and names the lab folder (leftovers started by hand;
+  ``hand_started_rank``): an editor or git working on a file in the lab folder is never one. Prints
+  ``{"found", "live_runs", "refused", "holders", "others", "errors", "killed", "survivors"}``; with
+  errors nothing is signalled.
 
 What may be signalled (``decide``, pure, unit-tested):
 - Only processes whose owner (real uid in /proc/<pid>/status) is the probe's user. Another user's
@@ -190,8 +192,9 @@ def lab_processes(root: str, shared: bool = False) -> dict:
         except OSError:
             cwd = None
         env_root = _lab_env(pid)
-        in_lab = lab in cmd or root in cmd or (
-            env_root is not None and os.path.realpath(os.path.expanduser(env_root)) == lab)
+        # a Python or torchrun program naming the lab folder (a rank started by hand); never an editor
+        in_lab = (env_root is not None and os.path.realpath(os.path.expanduser(env_root)) == lab) or (
+            python_program(cmd) and (lab in cmd or root in cmd))
         trainer = "-m trainer" in cmd and not shared
         torchrun_in_lab = any(m in cmd for m in RANK_MARKERS) and cwd is not None \
             and (cwd + "/").startswith(lab + "/")
@@ -206,7 +209,29 @@ def lab_processes(root: str, shared: bool = False) -> dict:
 
 
 # ---------------------------------------------------------------- stale_processes: find and end
-RANK_CMD = re.compile(r"torchrun|torch\.distributed\.run|-m trainer\b|trainer/")
+PROGRAM = re.compile(r"(^|/)(python[0-9.]*|torchrun)$")
+RANK_SCRIPTS = ("/torchrun", "torch/distributed/run.py", "trainer/__main__.py")
+
+
+def python_program(cmd: str) -> bool:
+    """The process runs Python or torchrun (argv[0]), not an editor, a pager, a shell or git."""
+    argv = cmd.split()
+    return bool(argv) and bool(PROGRAM.search(argv[0]))
+
+
+def hand_started_rank(cmd: str) -> bool:
+    """A torchrun or trainer started without ddplab (no DDPLAB_ROOT), known by its command line: the program
+    is Python or torchrun, and it runs torchrun, torch.distributed.run or the trainer module. An editor, a
+    pager or git open on a file in the lab folder is none of these, so it is never signalled."""
+    if not python_program(cmd):
+        return False
+    argv = cmd.split()
+    if os.path.basename(argv[0]) == "torchrun":
+        return True
+    return any((a == "-m" and b in ("trainer", "torch.distributed.run")) or a.endswith(RANK_SCRIPTS)
+               for a, b in zip(argv, [*argv[1:], ""], strict=True))
+
+
 LAUNCHER_CMD = re.compile(r"torchrun|torch\.distributed\.run|torch/distributed/run\.py")
 
 
@@ -252,7 +277,7 @@ def run_processes(root: str, run_id: str = "") -> list[dict]:
             continue
         if info["root"] == root:
             why = "ddplab rank of this lab"
-        elif RANK_CMD.search(info["cmd"]) and (root + "/") in info["cmd"]:
+        elif hand_started_rank(info["cmd"]) and (root + "/") in info["cmd"]:
             why = "torchrun/trainer command in this lab folder"
         else:
             continue

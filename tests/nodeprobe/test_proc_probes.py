@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeprobe import procs
 from tests.helpers.probes import probe
 
 PROCS = Path(__file__).resolve().parents[2] / "nodeprobe" / "procs.py"
@@ -282,3 +283,36 @@ def test_another_users_port_holder_is_named_by_a_root_scan_for_the_login_user(tm
     refused = _procs_alone(tmp_path, *args, "--uid", str(nobody), "--kill")
     assert refused["killed"] == [] and any("--kill for uid" in e for e in refused["errors"])
     assert squatter.poll() is None
+
+
+def test_only_torchrun_and_trainer_commands_count_as_hand_started_ranks():
+    lab = "/home/u/ddplab"
+    assert procs.hand_started_rank(f"/usr/bin/python3 /home/u/.venv/bin/torchrun -m trainer --data {lab}")
+    assert procs.hand_started_rank(f"python3 -m torch.distributed.run -m trainer --out {lab}/runs/x")
+    assert procs.hand_started_rank(f"/home/u/ddplab/venv/bin/python -m trainer --data {lab}/data")
+    assert procs.hand_started_rank(f"python {lab}/code/trainer/__main__.py")
+    assert procs.hand_started_rank(f"torchrun --standalone {lab}/code/train.py")
+    for editor in (f"vim {lab}/code/trainer/model.py", f"nano {lab}/code/trainer/train.py",
+                   f"git -C {lab}/code log", f"less {lab}/runs/r/launch.log",
+                   f"python3 -m http.server --directory {lab}/code/trainer/",
+                   f"code {lab}/code/trainer/config.py"):
+        assert not procs.hand_started_rank(editor), editor
+
+
+def test_an_editor_open_in_the_lab_folder_is_never_the_labs(tmp_path, children):
+    lab = tmp_path / "lab"
+    (lab / "code" / "trainer").mkdir(parents=True)
+    model = lab / "code" / "trainer" / "model.py"
+    model.write_text("x = 1\n")
+    # a process named like an editor (argv0 "vim"), the lab file on its command line, cwd in the lab
+    editor = subprocess.Popen(["bash", "-c", f"exec -a vim tail -f {model}"], cwd=str(lab / "code"),
+                              stdout=subprocess.DEVNULL)
+    children.append(editor)
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{editor.pid}/cmdline").read_bytes().startswith(b"vim"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    r = _procs_alone(tmp_path, "--root", str(lab), "--kill", "--grace", "1")
+    assert r["found"] == [] and r["killed"] == [], r
+    assert editor.poll() is None
+    assert procs.lab_processes(str(lab), shared=True)["processes"] == []  # preflight's report: not ours
