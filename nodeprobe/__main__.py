@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fingerprint", help="python/torch/cpu/memory/code/dtype/data facts of this node")
     f.add_argument("--data", help="shard folder (with manifest.json) to hash")
+    f.add_argument("--root", help="the lab folder: free space on its file system")
     f.add_argument("--threads", type=_positive(int), help="threads the run is configured to use")
     f.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto", help="compute dtype asked")
     f.add_argument("--code", action="append", help="code folder to hash (repeatable: trainer, nodeprobe)")

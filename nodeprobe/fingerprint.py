@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -200,6 +201,27 @@ def memory_info(sizes: dict) -> dict:
     }
 
 
+# What a run writes into the lab folder besides the shards: the trainer keeps its 3 newest checkpoints
+# (trainer/checkpoint.py save(keep=3)) and writes a 4th before it drops the oldest. A checkpoint holds the
+# fp32 weights and AdamW's two moments: params * 4 bytes * 3.
+CHECKPOINTS_ON_DISK = 4
+CHECKPOINT_BYTES_PER_PARAM = 4 * 3
+
+
+def disk_info(root: str | None, params: int | None) -> dict:
+    """Free bytes on the file system of the lab folder (its nearest existing parent) and the bytes the
+    run's checkpoints take there."""
+    if not root:
+        return {"error": "no lab folder given"}
+    path = os.path.abspath(os.path.expanduser(root))
+    while not os.path.isdir(path) and path != os.path.dirname(path):
+        path = os.path.dirname(path)
+    usage = shutil.disk_usage(path)
+    ckpt = int(params or 0) * CHECKPOINT_BYTES_PER_PARAM
+    return {"path": path, "free_bytes": usage.free, "total_bytes": usage.total, "checkpoint_bytes": ckpt,
+            "checkpoints": CHECKPOINTS_ON_DISK}
+
+
 def dtype_info(asked: str, bf16_units: bool, allow_bf16: bool = False) -> dict:
     """The compute dtype the trainer will resolve (mirrors trainer.device.resolve_dtype) and why.
 
@@ -232,7 +254,8 @@ def run(args) -> dict:
         "python": python_info(),
         "torch": torch_info(),
         "cpu": cpu,
-        "memory": memory_info(sizes),
+        "memory": (memory := memory_info(sizes)),
+        "disk": disk_info(getattr(args, "root", None), memory["estimate_breakdown"].get("params")),
         "dtype": dtype_info(args.dtype, cpu["bf16_units"], args.allow_bf16),
         "code": {Path(d).name or str(d): hashing.tree_hash(Path(d)) for d in (args.code or [])},
         "sync_dirs": {name: hashing.tree_hash(Path(path)) for name, _, path

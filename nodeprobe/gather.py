@@ -109,8 +109,8 @@ def run(args) -> dict:
         raise ValueError(f"--trainer-args must be a JSON list of strings ({e})") from None
     t = trainer_settings(extra)
     fp_args = argparse.Namespace(
-        data=args.data, threads=args.threads, dtype=t.dtype, code=args.code, sync_dir=args.sync_dir,
-        allow_bf16=t.allow_bf16,
+        data=args.data, root=args.root, threads=args.threads, dtype=t.dtype, code=args.code,
+        sync_dir=args.sync_dir, allow_bf16=t.allow_bf16,
         force_dtype=t.force_dtype, depth=max(1, t.depth), n_embd=t.n_embd, n_head=t.n_head,
         seq_len=max(2, t.seq_len), batch_size=max(1, t.batch_size), vocab=257, world=args.world)
     folder = Path(tempfile.mkdtemp(prefix="ddplab-preflight-"))

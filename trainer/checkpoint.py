@@ -39,13 +39,18 @@ def ckpt_dir(out: str | Path) -> Path:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write bytes to `path` via a temp file + fsync + rename, then fsync the folder."""
+    """Write bytes to `path` via a temp file + fsync + rename, then fsync the folder. A write that fails
+    (a full disk) removes its temp file and raises."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -73,8 +78,12 @@ def save_bytes(out: str | Path, step: int, data: bytes, keep: int = 3) -> Path:
     d = ckpt_dir(out)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step_{step:06d}.pt"
+    digest = hashlib.sha256(data).hexdigest()
     atomic_write(path, data)
-    atomic_write(path.with_name(path.name + ".sha256"), (hashlib.sha256(data).hexdigest() + "\n").encode())
+    atomic_write(path.with_name(path.name + ".sha256"), (digest + "\n").encode())
+    # Older checkpoints go only once this one reads back whole: a torn write never costs the last good one.
+    if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        raise OSError(f"{path}: its sha256 differs after the write; the older checkpoints are kept")
     for _, old in list_checkpoints(out)[:-keep]:
         old.unlink(missing_ok=True)
         old.with_name(old.name + ".sha256").unlink(missing_ok=True)

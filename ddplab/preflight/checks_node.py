@@ -1,9 +1,13 @@
 """Checks of one node's fingerprint against the run and the other nodes: python, torch and gloo,
-dtype, threads, memory."""
+dtype, threads, memory, disk."""
 
 from __future__ import annotations
 
 from ddplab.preflight.judge import OK, Judge, gib
+from nodeprobe import hashing
+
+# A venv with the pinned torch, numpy and pyarrow (shared/notes/simulated-hosts.md: about 945 MB measured).
+VENV_BYTES = 1 << 30
 
 
 def python(j: Judge, h: str) -> None:
@@ -110,3 +114,41 @@ def memory(j: Judge, h: str) -> None:
                   f"free memory on {h} or train a smaller model (lower --depth / --batch-size)")
     else:
         j.set(h, "memory", OK, f"{what} <= {gib(avail)} available")
+
+
+def disk(j: Judge, h: str) -> None:
+    """Free space in the lab folder's file system against what the run still needs there: the shards the
+    node lacks, a venv when torch does not import, and the checkpoints the trainer keeps."""
+    fp = j.need(h, "disk", "fingerprint")
+    if not fp:
+        return
+    d = fp.get("disk") or {}
+    if d.get("error") or "free_bytes" not in d:
+        j.set(h, "disk", OK, f"free space unknown ({d.get('error', 'no disk facts')})")
+        return
+    n = len(j.sharing(h))  # ranks of one machine share its disk (the local inventory)
+    parts = {"checkpoints": d["checkpoint_bytes"] * d["checkpoints"] * n}
+    parts["shards"] = _missing_shard_bytes(j, fp)
+    if not (fp.get("torch") or {}).get("importable"):
+        parts["venv"] = VENV_BYTES
+    need = sum(parts.values())
+    what = " + ".join(f"{k} {gib(v)}" for k, v in parts.items() if v)
+    if d["free_bytes"] < need:
+        j.fail(h, "disk", f"{gib(d['free_bytes'])} free in {d['path']} on {h} ({d['free_bytes']} bytes), "
+                          f"the run needs {gib(need)} ({need} bytes: {what})",
+               f"free {gib(need - d['free_bytes'])} on {h}, or set ddplab_root (-e ddplab_root=...) to a "
+               "folder on a larger disk")
+    else:
+        j.set(h, "disk", OK, f"{gib(d['free_bytes'])} free in {d['path']} >= {gib(need)} needed "
+                             f"({what or 'nothing'})")
+
+
+def _missing_shard_bytes(j: Judge, fp: dict) -> int:
+    """Bytes of the control host's shards that this node lacks or holds changed (sizes read there)."""
+    if not j.shard_bytes:
+        return 0
+    data = fp.get("data") or {}
+    if data.get("error") or "files" not in data:
+        return sum(j.shard_bytes.values())  # no shard folder on the node yet
+    diff = hashing.compare(data["files"], hashing.manifest_files(j.manifest))
+    return sum(j.shard_bytes.get(f, 0) for f in diff["missing"] + diff["changed"])

@@ -9,7 +9,7 @@ import ipaddress
 
 from ddplab.preflight.collect import Inputs
 
-CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "memory", "code", "data",
+CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "memory", "disk", "code", "data",
           "sync_dirs", "iface", "hostname", "tcp_master", "tcp_peers", "master_port", "stale_processes",
           "gloo_smoke")
 OK, FAIL, SKIP, NA = "ok", "FAIL", "skip", "n/a"
@@ -32,7 +32,7 @@ def gib(n) -> str:
 
 class Judge:
     def __init__(self, inputs: Inputs, manifest: dict | None, control_code: dict | None,
-                 control_sync: dict | None = None):
+                 control_sync: dict | None = None, shard_bytes: dict[str, int] | None = None):
         self.inv = inputs.inventory
         self.hosts = {str(h): (v if isinstance(v, dict) else {}) for h, v in self.inv["hosts"].items()}
         # Nodes outside --limit: known from the inventory (rank, address), never probed.
@@ -43,6 +43,7 @@ class Judge:
                              "master": h == self.inv.get("master_host"), **self.hosts[h]}
         self.port = self.inv.get("master_port", 29500)
         self.manifest = manifest
+        self.shard_bytes = shard_bytes or {}  # {shard: bytes} of the control host's shards (the disk check)
         self.control_code = control_code or {}
         self.control_sync = control_sync or {}  # ddplab_sync_dirs: {dest: {"sha256", "files", "path"}}
         masters = self.masters()

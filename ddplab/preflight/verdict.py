@@ -15,6 +15,7 @@ fixes it. Exit 0 when every check passed, 1 on any FAIL (or when checks were not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -33,8 +34,8 @@ SMOKE_NEEDS = ("inventory", "ssh", "torch", "gloo", "iface", "hostname", "tcp_ma
                "master_port", "stale_processes")
 # Per reachable host, in this order (the smoke check reads the others' failures, so it comes last).
 HOST_CHECKS = (checks_node.python, checks_node.torch, checks_node.dtype, checks_node.threads,
-               checks_node.memory, checks_files.code, checks_files.data, checks_files.sync_dirs,
-               checks_network.iface,
+               checks_node.memory, checks_node.disk, checks_files.code, checks_files.data,
+               checks_files.sync_dirs, checks_network.iface,
                checks_network.hostname, checks_network.master_port, checks_network.stale)
 
 
@@ -234,6 +235,15 @@ def add_parser(sub):
     p.set_defaults(func=cmd_verdict)
 
 
+def shard_sizes(folder: Path, manifest: dict) -> dict[str, int]:
+    """{shard: bytes} of the control host's shards beside the manifest (the disk check's shard bytes)."""
+    out = {}
+    for name in hashing.manifest_files(manifest):
+        with contextlib.suppress(OSError):
+            out[name] = (folder / name).stat().st_size
+    return out
+
+
 def cmd_verdict(args) -> int:
     try:
         code_refs(args.code_ref)  # bad arguments first, before reading anything
@@ -248,7 +258,8 @@ def cmd_verdict(args) -> int:
             manifest, err = hashing.load_manifest(mpath)
             if err:
                 raise InputError(f"control manifest: {err}")
-        result = judge(Judge(inputs, manifest, control_code(args, inputs), control_sync(args)))
+        result = judge(Judge(inputs, manifest, control_code(args, inputs), control_sync(args),
+                             shard_sizes(mpath.parent, manifest) if manifest else {}))
     except InputError as e:
         raise DdplabError(str(e)) from None
     if args.gate:

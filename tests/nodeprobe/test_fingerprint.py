@@ -94,3 +94,24 @@ def test_stdlib_parts_missing_folder_dtype_rules_and_estimate(tmp_path):
                                 "vocab": 257, "world_size": 2})
     assert parts["params"] == 2 * 257 * 128 + 2 * 12 * 128 * 128  # the trainer's exact count
     assert need == parts["state_bytes"] + parts["activation_bytes"]
+
+
+def test_disk_facts_read_the_lab_folders_own_file_system(tmp_path):
+    """A 4 MiB tmpfs as the node's disk: the probe reports its free bytes, which fall as it fills."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounts a tmpfs: needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True, timeout=30)
+    try:
+        lab = disk / "ddplab"  # not made yet: its nearest existing parent counts
+        before = probe("fingerprint", "--root", str(lab), "--threads", "1")["disk"]
+        assert before["path"] == str(disk) and before["total_bytes"] == 4 << 20
+        assert before["checkpoint_bytes"] > 0 and before["checkpoints"] == 4
+        (disk / "fill.bin").write_bytes(b"\0" * (3 << 20))
+        after = probe("fingerprint", "--root", str(lab), "--threads", "1")["disk"]
+        assert after["free_bytes"] <= before["free_bytes"] - (3 << 20)
+    finally:
+        subprocess.run(["umount", str(disk)], check=True, timeout=30)

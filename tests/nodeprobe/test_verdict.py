@@ -30,7 +30,8 @@ def real(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "trainer.data", "prepare", "--out", str(shards), "--docs", "256",
                     "--rows-per-group", "16", "--groups-per-shard", "4"], check=True, cwd=REPO, timeout=120,
                    capture_output=True)
-    fp = probe("fingerprint", "--data", str(shards), "--threads", "1", "--code", str(REPO / "nodeprobe"))
+    fp = probe("fingerprint", "--data", str(shards), "--threads", "1", "--code", str(REPO / "nodeprobe"),
+               "--root", str(base / "lab"))
     return {"fp": fp, "manifest": json.loads((shards / "manifest.json").read_text())}
 
 
@@ -404,3 +405,40 @@ def test_no_shards_asked_for_is_not_applicable_and_passes(real, tmp_path):
     rc, res, _ = run_verdict(tmp_path, f)
     assert rc == 0 and res["ok"] is True and res["not_run"] == []
     assert {res["hosts"][h]["data"]["status"] for h in ("node0", "node1")} == {"n/a"}
+
+
+def test_a_nearly_full_disk_is_one_fail_with_the_free_and_needed_bytes(real, tmp_path):
+    f = cluster(real)
+    disk = f["node1/fingerprint.json"]["disk"]
+    assert disk["free_bytes"] > 0 and disk["checkpoint_bytes"] > 0  # the real probe of this machine
+    need = disk["checkpoint_bytes"] * disk["checkpoints"]
+    disk["free_bytes"] = need - 1
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 1 and failing(res) == {("node1", "disk")}
+    detail = res["hosts"]["node1"]["disk"]["detail"]
+    assert f"({need - 1} bytes)" in detail and "needs" in detail and f"({need} bytes: checkpoints" in detail
+    assert "larger disk" in fix_of(res, "node1", "disk")
+    disk["free_bytes"] = need
+    rc, res, _ = run_verdict(tmp_path / "again", f)
+    assert rc == 0, res["failures"]
+
+
+def test_the_disk_check_counts_the_shards_a_node_lacks(real, tmp_path):
+    """The verdict reads the control host's shard sizes beside its manifest (--data-dir)."""
+    f = cluster(real)
+    shards = tmp_path / "control"
+    shards.mkdir()
+    sizes = {}
+    for i, name in enumerate(hashing.manifest_files(real["manifest"])):
+        (shards / name).write_bytes(b"x" * (1000 + i))
+        sizes[name] = 1000 + i
+    (shards / "manifest.json").write_text(json.dumps(real["manifest"]))
+    fp = f["node1/fingerprint.json"]
+    del fp["data"]["files"][sorted(sizes)[0]]  # node1 lacks one shard
+    disk = fp["disk"]
+    need = disk["checkpoint_bytes"] * disk["checkpoints"] + sizes[sorted(sizes)[0]]
+    disk["free_bytes"] = need - 1
+    rc, res, _ = run_verdict(tmp_path, f, "--data-dir", str(shards))
+    assert ("node1", "disk") in failing(res), res["failures"]
+    assert f"shards {sizes[sorted(sizes)[0]] / (1 << 30):.2f} GiB" in res["hosts"]["node1"]["disk"]["detail"]
+    assert f"({need} bytes:" in res["hosts"]["node1"]["disk"]["detail"]
