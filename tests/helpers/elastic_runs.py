@@ -31,8 +31,8 @@ class Store:
         self.port = free_port()
         # the control host's own store (`ddplab rdzv-store serve`), as launch.yml starts it
         ready = Path(tempfile.mkdtemp(prefix="ddplab-store-")) / "ready"
-        argv = [sys.executable, "-m", "ddplab", "rdzv-store", "serve", "--port", str(self.port),
-                "--ready", str(ready)]
+        argv = [sys.executable, "-m", "ddplab", "rdzv-store", "serve", "--bind", "127.0.0.1", "--port",
+                str(self.port), "--allow", "127.0.0.1", "--ready", str(ready)]
         self.proc = subprocess.Popen(argv, cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
                                      start_new_session=True)
         deadline = time.monotonic() + 60
