@@ -13,7 +13,7 @@ opens an ephemeral background listener for its peers. A probe that breaks become
 
 Prints ``{"probe": "gather", "host": ..., "warm": {"dir": ..., "pid": ...}, "results":
 {"port_holder": ..., "listen_master": ..., "listen": ..., "resolve": ..., "iface": ...,
-"lab_processes": ..., "fingerprint": ...}}``.
+"lab_processes": ..., "firewall": ..., "fingerprint": ...}}``.
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ def run(args) -> dict:
     # what roles/gloo_network reads in the same command (no second probe before the launch)
     results["route"] = _safe(lambda: route.route(args.master))
     results["lab_processes"] = _safe(lambda: procs.lab_processes(args.root, shared=args.shared))
+    results["firewall"] = _safe(net.firewall)
     results["fingerprint"] = wait_fingerprint(folder, args.fingerprint_timeout)
     try:
         pid = json.loads((folder / "pid").read_text())["pid"]

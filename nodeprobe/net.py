@@ -10,6 +10,7 @@ import errno
 import ipaddress
 import json
 import os
+import re
 import select
 import socket
 import subprocess
@@ -209,6 +210,21 @@ def resolve() -> dict:
         local_addresses=sorted(local) if local is not None else None,
         first_is_local=(addrs[0]["address"] in local) if (addrs and local is not None) else None,
     )
+    return out
+
+
+UFW_CONF = "/etc/ufw/ufw.conf"
+FIREWALLD = ("/usr/sbin/firewalld", "/usr/bin/firewalld")
+
+
+def firewall(conf: str = UFW_CONF) -> dict:
+    """Whether ufw is installed and turned on, read without root (ufw.conf is world-readable; `ufw
+    status` needs root). firewalld's state is not readable without root: only whether it is installed."""
+    out = {"probe": "firewall", "ufw": os.path.exists(conf), "ufw_enabled": None,
+           "firewalld": any(os.path.exists(p) for p in FIREWALLD)}
+    if out["ufw"]:
+        with open(conf, errors="replace") as f:
+            out["ufw_enabled"] = re.search(r"(?m)^\s*ENABLED\s*=\s*yes\b", f.read()) is not None
     return out
 
 

@@ -173,6 +173,22 @@ def tcp(j: Judge) -> None:
         j.fail(who, e["kind"], detail, fix)
 
 
+def firewall_off(j: Judge, h: str) -> str | None:
+    """Why the master port will be open to every host of the network while a run lives, or None (ufw on,
+    firewalld present, nothing known, or every node is this machine)."""
+    fw = j.probe(h, "firewall") or {}
+    if j.all_local or fw.get("probe") != "firewall" or fw.get("firewalld"):
+        return None
+    fix = ("turn it on for the lab: ansible-playbook playbooks/prepare.yml --tags firewall -e "
+           "firewall_enable=true (SSH stays allowed)")
+    if fw.get("ufw") and fw.get("ufw_enabled") is False:
+        return f"ufw is off on {h}: the master port is open to every host of the network during a run; {fix}"
+    if not fw.get("ufw"):
+        return (f"no firewall (ufw, firewalld) on {h}: the master port is open to every host of the network "
+                "during a run; install ufw and " + fix)
+    return None
+
+
 def master_port(j: Judge, h: str) -> None:
     if h != j.master:
         j.set(h, "master_port", NA, "not the master")
@@ -181,7 +197,11 @@ def master_port(j: Judge, h: str) -> None:
     if not r:
         return
     if r.get("free") or r.get("nodeprobe_listener"):
-        j.set(h, "master_port", OK, f"port {j.port} free on {h}")
+        open_to_all = firewall_off(j, h)
+        if open_to_all:
+            j.set(h, "master_port", OK, f"port {j.port} free on {h}; {open_to_all}", note="warning")
+        else:
+            j.set(h, "master_port", OK, f"port {j.port} free on {h}")
         return
     holders = r.get("holders") or []
     if not holders:

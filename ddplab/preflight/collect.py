@@ -33,7 +33,7 @@ from pathlib import Path
 from nodeprobe.preflight_node import last_json
 
 MASTER_TARGET = "@master"
-FROM_GATHER = ("fingerprint", "resolve", "iface", "lab_processes", "port_holder")
+FROM_GATHER = ("fingerprint", "resolve", "iface", "lab_processes", "firewall", "port_holder")
 
 
 class InputError(Exception):

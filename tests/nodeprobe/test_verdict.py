@@ -442,3 +442,29 @@ def test_the_disk_check_counts_the_shards_a_node_lacks(real, tmp_path):
     assert ("node1", "disk") in failing(res), res["failures"]
     assert f"shards {sizes[sorted(sizes)[0]] / (1 << 30):.2f} GiB" in res["hosts"]["node1"]["disk"]["detail"]
     assert f"({need} bytes:" in res["hosts"]["node1"]["disk"]["detail"]
+
+
+def test_an_inactive_firewall_on_the_master_is_a_warning_that_says_how_to_turn_it_on(real, tmp_path, capsys):
+    f = cluster(real)
+    f["node0/firewall.json"] = {"probe": "firewall", "ufw": True, "ufw_enabled": False, "firewalld": False}
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 0 and not res["failures"]  # a warning: the run still works
+    cell = res["hosts"]["node0"]["master_port"]
+    assert cell["status"] == "ok" and cell["note"] == "warning"
+    assert "ufw is off on node0: the master port is open to every host of the network" in cell["detail"]
+    assert "-e firewall_enable=true" in cell["detail"]
+    assert "ufw is off on node0" in capsys.readouterr().out
+    f["node0/firewall.json"]["ufw_enabled"] = True
+    rc, res, _ = run_verdict(tmp_path / "on", f)
+    assert rc == 0 and "note" not in res["hosts"]["node0"]["master_port"]
+
+
+def test_the_firewall_probe_reads_ufw_conf_without_root(tmp_path):
+    from nodeprobe import net
+
+    conf = tmp_path / "ufw.conf"
+    assert net.firewall(str(conf))["ufw"] is False
+    conf.write_text("# /etc/ufw/ufw.conf\n#\nENABLED=no\nLOGLEVEL=low\n")
+    assert net.firewall(str(conf))["ufw_enabled"] is False
+    conf.write_text("ENABLED=yes\n")
+    assert net.firewall(str(conf)) ["ufw_enabled"] is True

@@ -43,7 +43,7 @@ def test_bundle_becomes_probes_per_host_and_the_skip_reaches_every_answering_nod
     assert a["iface"]["dev"] == "eth0" and a["port_holder"]["free"] and a["ssh"] == {"ok": True}
     assert a["tcp_peers"]["targets"] == {"b": {"ok": False, "result": "refused"}} and "tcp_master" not in a
     # b printed no JSON: every probe of its gather is that error (b is no master: no port_holder)
-    assert set(b) == {"ssh", "fingerprint", "resolve", "iface", "lab_processes", "gloo_smoke"}
+    assert set(b) == {"ssh", "fingerprint", "resolve", "iface", "lab_processes", "firewall", "gloo_smoke"}
     assert "not prepared" in b["fingerprint"]["error"]
     assert b["gloo_smoke"] == {"probe": "gloo-smoke", "skipped": True, "reason": "b:torch failed first"}
     assert c == {"ssh": {"ok": False, "error": "No route"}}  # unreachable: nothing else, no smoke either
