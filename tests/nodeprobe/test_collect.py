@@ -159,7 +159,8 @@ def test_gather_then_warm_smoke_then_bundle_verdict_passes(shards, tmp_path):
     assert verdict["ok"] and verdict["hosts"]["solo"]["gloo_smoke"]["status"] == "ok"
     assert sorted(p.name for p in (tmp_path / "in" / "solo").iterdir()) == sorted(
         f"{n}.json"
-        for n in ("ssh", "fingerprint", "resolve", "iface", "lab_processes", "firewall", "port_holder", "gloo_smoke")
+        for n in ("ssh", "fingerprint", "resolve", "iface", "lab_processes", "firewall", "port_holder",
+                  "gloo_smoke")
     )
 
 

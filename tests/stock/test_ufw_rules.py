@@ -109,3 +109,7 @@ def test_cleanup_deletes_only_this_labs_rules_and_never_the_only_way_in():
 
 def test_lines_that_are_not_rules_are_ignored():
     assert ufw.ufw_rules(["", "Added user rules:", "(None)", "ufw", "ufw allow from 'unclosed"]) == []
+
+
+def test_peer_hostnames_become_ipv4_addresses_for_ufw():
+    assert ufw.ipv4_addrs(["10.0.0.2", "localhost", "10.0.0.2"]) == ["10.0.0.2", "127.0.0.1"]

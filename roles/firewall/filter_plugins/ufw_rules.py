@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
+import socket
 
 SSH_NAMES = {"ssh", "openssh"}
 
@@ -86,6 +88,28 @@ def ufw_cleanup(rules, comment, active, enabled_by_us, ssh_port):
     return {"delete": [r for r in ours if id(r) not in keep_ids], "keep_ssh": keep, "disable": disable}
 
 
+def ipv4_addrs(addrs):
+    """Each peer's inventory address as an IPv4 address, hostnames resolved on the control host (ufw's
+    from_ip takes addresses only); a name that does not resolve stops the play with one message."""
+    out = []
+    for addr in addrs:
+        try:
+            out.append(str(ipaddress.IPv4Address(addr)))
+            continue
+        except ValueError:
+            pass
+        try:
+            out.append(socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
+        except (OSError, IndexError) as e:
+            from ansible.errors import AnsibleFilterError
+
+            raise AnsibleFilterError(
+                f"ddplab: error: the peer address {addr} does not resolve to an IPv4 address on the control "
+                f"host ({e}); the firewall lets peers in by address: set ddplab_addr to the node's IPv4 "
+                "address") from None
+    return list(dict.fromkeys(out))
+
+
 def port_range(text):
     """`ip_local_port_range`'s "32768\t60999" as ufw's "32768:60999" (the ports gloo listens on)."""
     lo, hi = (int(x) for x in str(text).split())
@@ -96,4 +120,4 @@ class FilterModule:
     def filters(self):
         return {"ufw_rules": ufw_rules, "ufw_ssh_rules": ufw_ssh_rules, "ufw_stale": ufw_stale,
                 "ufw_missing_peer_rules": ufw_missing_peer_rules, "ufw_cleanup": ufw_cleanup,
-                "port_range": port_range}
+                "port_range": port_range, "ipv4_addrs": ipv4_addrs}
