@@ -19,7 +19,7 @@ from tests.helpers.playbooks import playbook, tail
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 30}
+COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 30}
 HOSTS = ("node0", "node1")
 
 

@@ -49,7 +49,7 @@ def repo(tmp_path_factory):
 def lab(tmp_path_factory, repo):
     return {"ddplab_data_dir": "", "ddplab_runs_dir": tmp_path_factory.mktemp("repo-runs"),
             "ddplab_code_dir": repo, "ddplab_entrypoint": "train.py", "ddplab_threads": 1,
-            "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 30}
+            "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 30}
 
 
 MORE = {"ddplab_entrypoint_args": ["config/tiny.py", "--steps=4"], "ddplab_code_include": ["data/**/*.bin"],

@@ -14,7 +14,7 @@ from tests.helpers.playbooks import make_shards, playbook, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
-COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 30}
+COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 30}
 RUN = "lim-a"
 
 

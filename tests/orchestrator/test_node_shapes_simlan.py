@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 def lab(tmp_path_factory):
     return {"ddplab_data_dir": make_shards(tmp_path_factory.getbasetemp() / "shards"),
             "ddplab_runs_dir": tmp_path_factory.mktemp("shape-runs"), "ddplab_trainer_depth": 1,
-            "ddplab_rdzv_timeout": 60, "ddplab_wait_poll": 2}
+            "ddplab_rdzv_timeout": 60, "ddplab_wait_poll": 10}
 
 
 @pytest.fixture(scope="module")

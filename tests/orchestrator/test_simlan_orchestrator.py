@@ -17,13 +17,14 @@ import time
 import pytest
 
 from simlan.network import GATEWAY  # the control host's address on the bridge
+from tests.helpers.firewall import ephemeral_ports, lab_comment
 from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 PORT = 29500
 # firewall_enable: ufw starts inactive on these hosts; turned on, its rules are what the ufw test reads.
-COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 30, "firewall_enable": "true"}
+COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 30, "firewall_enable": "true"}
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +103,13 @@ def test_ufw_allows_exactly_the_peers(simlan2, lab, first_launch):
         status = simlan2.exec(host, ["ufw", "status"], timeout=30, check=True).stdout
         assert "Status: active" in status
         rules = [line.split() for line in status.splitlines()[4:] if line.strip()]
-        allowed_from = sorted(r[2] for r in rules if r[0] == "Anywhere" and r[1] == "ALLOW")
-        assert allowed_from == [f"{peer}/tcp"], status  # TCP from the peer only
-        # no SSH rule existed, so ufw was turned on with SSH allowed from the control host's address only
-        ssh = [r for r in rules if r[0] != "Anywhere"]
-        assert ssh and all(r[0] == "22/tcp" and r[2] == GATEWAY for r in ssh), status
+        allowed = sorted((r[0], r[2]) for r in rules if r[1] == "ALLOW")
+        ports = ephemeral_ports(simlan2, host)
+        # the peer only, and only to the master port and the ephemeral ports gloo listens on (the run in
+        # first_launch trained across both hosts through these rules); no SSH rule existed, so ufw was
+        # turned on with SSH allowed from the control host's address only
+        assert allowed == sorted([(f"{PORT}/tcp", peer), (f"{ports}/tcp", peer), ("22/tcp", GATEWAY)]), status
+        assert all(r[r.index("#") + 1] == lab_comment(addr["node0"]) for r in rules if "#" in r), status
 
 
 def test_second_prepare_changes_nothing_and_check_diff_is_clean(simlan2, lab, first_launch):

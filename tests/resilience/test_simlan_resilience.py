@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 STEPS, CKPT_EVERY = 200, 10
 TRAIN = ["--ckpt-every", str(CKPT_EVERY), "--seq-len", "32", "--batch-size", "4", "--log-every", "10"]
-COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 2, "ddplab_rdzv_timeout": 40, "ddplab_trainer_depth": 1}
+COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 40, "ddplab_trainer_depth": 1}
 TRAIN_ARGS = ("-e", json.dumps({"ddplab_trainer_extra_args": TRAIN}))  # a list needs -e JSON
 VERDICT_LIMIT_S = 60
 

@@ -61,7 +61,7 @@ def stock(tmp_path_factory):
            timeout=300, check=True)
     extra = {"ddplab_data_dir": make_shards(tmp_path_factory.getbasetemp() / "shards"),
              "ddplab_runs_dir": tmp_path_factory.mktemp("stock-runs"), "ddplab_threads": 1,
-             "ddplab_wait_poll": 2}
+             "ddplab_wait_poll": 10}
     yield {"cluster": c, "inv": c.inventory_dir, "extra": extra,
            "addr": {h.name: h.addr for h in c.hosts}, "first": {}}
     current = simlan.load()
