@@ -146,3 +146,28 @@ def simlan_cli():
                               stdin=None if input is not None else subprocess.DEVNULL)
 
     return run
+
+
+# The longest files of a full run (5-10 min each with 3 workers on 2 cores; `make test` prints the slowest
+# tests): started first.
+LONGEST = ("tests/stock/test_stock_ddplab.py", "tests/orchestrator/test_limit_simlan.py",
+           "tests/test_readme.py", "tests/byo/test_byo_simlan.py",
+           "tests/resilience/test_simlan_resilience.py")
+
+
+def pytest_collection_modifyitems(items):
+    """Longest first: the longest files, the other files of simulated hosts, the other slow ones, then the
+    quick rest. Parallel workers (`make test`) take files in this order, so no long file starts last while
+    the others sit idle. The order inside a file is kept (its module fixtures rely on it)."""
+    def weight(item) -> int:
+        if path(item) in LONGEST:
+            return 3
+        return 2 if item.get_closest_marker("simlan") else 1 if item.get_closest_marker("slow") else 0
+
+    def path(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    by_file: dict[str, int] = {}
+    for item in items:
+        by_file[path(item)] = max(by_file.get(path(item), 0), weight(item))
+    items.sort(key=lambda item: -by_file[path(item)])  # stable: the file order is kept within a weight

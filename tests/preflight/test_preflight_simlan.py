@@ -234,7 +234,9 @@ def test_firewalls_and_a_dead_sshd_are_named(prepared):
         v = assert_fails_with(lab, inv, {("node0", "tcp_peers"), ("node1", "ssh")})
         assert "only some ports are open" in fixes(v, "node0", "tcp_peers")[0]
         detail, fix = fixes(v, "node1", "ssh")
-        assert addr["node1"] in detail and "Connection refused" in detail and "sshd" in fix
+        # a fresh connection is refused; one through Ansible's ControlPersist master, cut with sshd, breaks
+        assert addr["node1"] in detail and ("Connection refused" in detail or "Broken pipe" in detail), detail
+        assert "start sshd on node1" in fix
         rest = [s["status"] for k, s in v["hosts"]["node1"].items() if k not in ("inventory", "ssh")]
         assert set(rest) == {"skip"}
     finally:
