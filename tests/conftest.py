@@ -148,26 +148,29 @@ def simlan_cli():
     return run
 
 
-# The longest files of a full run (5-10 min each with 3 workers on 2 cores; `make test` prints the slowest
-# tests): started first.
-LONGEST = ("tests/stock/test_stock_ddplab.py", "tests/orchestrator/test_limit_simlan.py",
-           "tests/test_readme.py", "tests/byo/test_byo_simlan.py",
-           "tests/resilience/test_simlan_resilience.py")
+# Files started first, in this order: the two elastic runs (minutes spent mostly waiting for timeouts,
+# so they overlap well with busy workers; started last they left the CPU idle for minutes), then the
+# longest files of a full run (5-10 min each with 3 workers on 2 cores; `make test` prints the slowest).
+FIRST = ("tests/resilience/test_elastic_simlan.py", "tests/trainer/test_elastic_run.py",
+         "tests/stock/test_stock_ddplab.py", "tests/orchestrator/test_limit_simlan.py",
+         "tests/test_readme.py", "tests/byo/test_byo_simlan.py", "tests/resilience/test_simlan_resilience.py")
 
 
 def pytest_collection_modifyitems(items):
-    """Longest first: the longest files, the other files of simulated hosts, the other slow ones, then the
+    """Longest first: the files in FIRST, the other files of simulated hosts, the other slow ones, then the
     quick rest. Parallel workers (`make test`) take files in this order, so no long file starts last while
     the others sit idle. The order inside a file is kept (its module fixtures rely on it)."""
-    def weight(item) -> int:
-        if path(item) in LONGEST:
-            return 3
-        return 2 if item.get_closest_marker("simlan") else 1 if item.get_closest_marker("slow") else 0
-
     def path(item) -> str:
         return item.nodeid.split("::")[0]
+
+    def weight(item) -> int:
+        return 2 if item.get_closest_marker("simlan") else 1 if item.get_closest_marker("slow") else 0
 
     by_file: dict[str, int] = {}
     for item in items:
         by_file[path(item)] = max(by_file.get(path(item), 0), weight(item))
-    items.sort(key=lambda item: -by_file[path(item)])  # stable: the file order is kept within a weight
+
+    def key(item) -> tuple[int, int]:
+        return (FIRST.index(path(item)), 0) if path(item) in FIRST else (len(FIRST), -by_file[path(item)])
+
+    items.sort(key=key)  # stable: the file order is kept within a weight
