@@ -279,7 +279,8 @@ def test_vaulted_become_password_in_the_inventory(stock, prepared, tmp_path):
     vault_pass = tmp_path / "vault-pass"
     vault_pass.write_text("rehearsal vault passphrase\n")
     vaulted = subprocess.run([str(BIN / "ansible-vault"), "encrypt_string", "--vault-password-file",
-                              str(vault_pass), "--name", "ansible_become_password", password],
+                              str(vault_pass), "--name", "ansible_become_password",
+                              "--", password],  # `--`: a random password may start with "-"
                              capture_output=True, text=True, timeout=60, check=True, cwd=REPO).stdout
     assert "!vault |" in vaulted and password not in vaulted
     (inv / "group_vars" / "all" / "become.yml").write_text(vaulted)
