@@ -15,7 +15,6 @@ Standard library only: it runs with the node's system Python from the synced cod
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fnmatch
 import glob
 import io
@@ -85,9 +84,8 @@ def _add_text(tar: tarfile.TarFile, name: str, text: str, mode: int) -> None:
 def pack(out: str, files: dict[str, str], pane: str) -> None:
     """The archive, 0600 from its first byte (it is removed once fetched, roles/logs)."""
     tmp = f"{out}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a leftover temp file of an interrupted pack keeps its mode otherwise
     with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
         for rel, path in files.items():
             if os.path.basename(rel) == "trainer.env":
