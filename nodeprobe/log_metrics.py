@@ -81,10 +81,6 @@ class PatternError(ValueError):
     """A ddplab_log_pattern that cannot be used; the message says why and what is allowed."""
 
 
-def allowed_groups() -> str:
-    return ", ".join(f"{name} ({doc})" for name, (_, doc) in FIELDS.items())
-
-
 def custom_format(text: str) -> Format:
     """The user's regex as a format; PatternError when it does not compile or names unknown groups."""
     try:

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from ddplab.settings.problems import CONTROL, Problem
-from nodeprobe import hashing
+from nodeprobe import hashing, log_metrics
 
 # Shard sets up to this size are hashed here (the default set is ~400 kB); larger ones are checked for
 # presence only, and their sha256 is verified on every node by the dataset role.
@@ -115,6 +115,25 @@ def env(v: dict, host: str) -> list[Problem]:
                            "NNODES, NPROC_PER_NODE and PYTHONPATH (ddplab sets those)",
                            "rename or remove those variables", hosts=[host]))
     return out
+
+
+def log_pattern(v: dict) -> list[Problem]:
+    """ddplab_log_pattern compiles and names only the groups nodeprobe/log_metrics.py reads."""
+    text = v["ddplab_log_pattern"]
+    if not text:
+        return []
+    if not v["ddplab_entrypoint"]:
+        return [_p("ddplab_log_pattern", f"{json.dumps(text)} with the built-in trainer",
+                   "a regex for the lines of your own entry point (the built-in trainer writes its metrics)",
+                   "remove ddplab_log_pattern, or set ddplab_code_dir and ddplab_entrypoint")]
+    try:
+        log_metrics.custom_format(text)
+    except log_metrics.PatternError as e:
+        return [_p("ddplab_log_pattern", f"{json.dumps(text)} {e}",
+                   "a Python regex with a step group and others among " + ", ".join(log_metrics.FIELDS),
+                   "fix the regex, e.g. ^step (?P<step>\\d+) loss (?P<loss>\\S+), or set it to \"\" for "
+                   "nanoGPT's and nanochat's lines")]
+    return []
 
 
 def sync_dirs(v: dict) -> list[Problem]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nodeprobe import log_metrics
+
 # Sections: where a setting is documented. "run" and "code" go to the example group_vars files;
 # "host" settings are per inventory host (documented in inventory/example/hosts.yml) and have no default.
 RUN, CODE, HOST = "run", "code", "host"
@@ -195,6 +197,13 @@ SETTINGS: tuple[Setting, ...] = (
             "Files your code writes, relative to the ranks' working folder on the node (ddplab_workdir; ** "
             "recurses), brought back by collect_logs.", section=CODE,
             example=["out/*.json", "torchrun-logs/**/*.log"]),
+    Setting("ddplab_log_pattern", "str", "",
+            "Python regex for the lines your code prints (read from each rank's launch.log for status.yml, "
+            "report.md and loss.png), with named groups among " + ", ".join(log_metrics.FIELDS) + " (step "
+            "required; thousands separators allowed); \"\" = recognise nanoGPT's and nanochat's lines. The "
+            "run's tokens/s is the sum over the nodes' logs: print it per node or from rank 0 only.",
+            section=CODE,
+            example=r"^step (?P<step>\d+)/(?P<total>\d+) loss (?P<loss>\S+) (?P<tokens_per_sec>[\d,.]+)"),
     Setting("ddplab_pip_requirements", "str", "",
             "A requirements file inside ddplab_code_dir, installed with torch==ddplab_torch_version as a "
             "constraint (\"\" = none).", section=CODE, example="requirements.txt"),

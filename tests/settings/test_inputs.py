@@ -85,6 +85,20 @@ def test_entrypoint_args_with_builtin_trainer(data):
     one_error(inventory(data, ddplab_entrypoint_args=["--x"]), "ddplab_entrypoint_args")
 
 
+def test_log_pattern_is_checked_before_any_node(data, code):
+    good = r"^it (?P<step>\d+) (?P<loss>\S+) (?P<tokens_per_sec>[\d,]+)"
+    assert errors(byo(data, code, ddplab_log_pattern=good)) == []
+    for pattern, said in ((r"step (?P<step>\d+", "is not a Python regex"),
+                          (r"step (?P<step>\d+) lr (?P<lr>\S+)", "has the unknown group name(s) lr"),
+                          (r"loss (?P<loss>\S+)", "has no (?P<step>...) group")):
+        line = one_error(byo(data, code, ddplab_log_pattern=pattern), "ddplab_log_pattern")
+        assert f"{json.dumps(pattern)} {said}" in line and "a step group and others among step, total" in line
+        inv = byo(data, code, ddplab_log_pattern=pattern)
+        assert errors({**inv, "inputs": False}) == [line]  # status and collect_logs read it too
+    line = one_error(inventory(data, ddplab_log_pattern=r"(?P<step>\d+)"), "ddplab_log_pattern")
+    assert "with the built-in trainer" in line
+
+
 def test_env_names(data):
     line = one_error(inventory(data, ddplab_env={"MASTER_PORT": "1", "1BAD": "x", "OK": "y"}), "ddplab_env")
     assert '"1BAD"' in line and '"MASTER_PORT"' in line and '"OK"' not in line
