@@ -17,6 +17,8 @@ failed-first node is unknown, and the output says so.
 With ddplab_elastic a node that went away (``lost``) did not fail the run: the others went on without
 it. Its row says so, and the membership history of the group (from the nodes' membership.jsonl, via
 their run status) is printed: who left, who joined, at which step and how many steps were lost.
+A row's step is `step/total` when the total is known (the built-in trainer's steps, or what your code
+printed: nodeprobe/log_metrics.py), the step alone otherwise; a running node's row adds its eta when known.
 A failed node's row shows why: its `ddplab: error:` line, else the exception its code raised (`exception`
 of the run status, nodeprobe/rank_error.py), else its last log line.
 Output: JSON {"run", "nodes": [rows], "failed", "failed_first", "lines"} on stdout.
@@ -29,6 +31,7 @@ import sys
 import time
 
 from ddplab.errors import DdplabError
+from nodeprobe.log_metrics import fmt_duration
 
 NOT_ASKED = "not asked (left out by --limit)"
 UNREACHABLE = "unreachable"
@@ -43,7 +46,8 @@ REJOINED = "went away, then rejoined"
 def row_for(host: str, rank, state: dict | None, asked: bool, lost: bool = False) -> dict:
     """One node's row: its verdict, whether it failed, and what orders the failed ones."""
     row = {"host": host, "rank": rank, "asked": asked, "known": False, "failed": False, "victim": 0, "t": 0.0,
-           "code": None, "step": None, "loss": None, "tps": None, "last_line": "", "lines": [], "error": None}
+           "code": None, "step": None, "total": None, "eta_s": None, "loss": None, "tps": None,
+           "last_line": "", "lines": [], "error": None}
     if lost:
         return {**row, "verdict": LEFT, "known": True, "last_line": "no answer over SSH since it went away"}
     if not asked:
@@ -57,7 +61,8 @@ def row_for(host: str, rank, state: dict | None, asked: bool, lost: bool = False
     exited_at = (state.get("code_time") or state.get("log_time") or 0.0) if kind == "exited" else 0.0
     return {**row, "verdict": verdict, "known": True, "failed": failed,
             "victim": 1 if state.get("lost_peer") else 0, "t": float(exited_at), "code": code,
-            "step": state.get("step"), "loss": state.get("loss"), "tps": state.get("tokens_per_sec"),
+            "step": state.get("step"), "total": state.get("total"), "eta_s": state.get("eta_s"),
+            "loss": state.get("loss"), "tps": state.get("tokens_per_sec"),
             "last_line": state.get("last_line") or "", "lines": list(state.get("last_lines") or []),
             "error": state.get("error") or (state.get("exception") if failed else None)}
 
@@ -109,16 +114,25 @@ def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def step_text(step, total) -> str:
+    """`12/50`, `12` when the total is not known (your code did not print it), `-` before the first step."""
+    if step is None:
+        return "-"
+    return f"{step}/{total}" if total else str(step)
+
+
 def render(run: str, rows: list[dict], first: str | None, left_out: list[str], log_dir: str) -> list[str]:
     """The lines status.yml prints: a row per node, then who failed first and the failed nodes' last lines."""
     out = [f"run {run}"]
     for r in rows:
         line = r["error"] if r["failed"] and r["error"] else r["last_line"]  # why it failed, else where it is
         line = line if len(line) <= 100 else line[:97] + "..."
+        running = r["eta_s"] is not None and r["verdict"] == "running"
+        eta = f"eta {fmt_duration(r['eta_s'])} " if running else ""
         out.append(f"{r['host']:<12} rank {fmt(r['rank'], '<2')} {r['verdict']:<32} "
-                   f"step {fmt(r['step'], '<6')} loss {fmt(r['loss'], '<8.4f')} "
+                   f"step {step_text(r['step'], r['total']):<6} loss {fmt(r['loss'], '<8.4f')} "
                    f"tok/s {fmt(r['tps'], '<8.0f')} "
-                   f"| {line}".rstrip())
+                   f"{eta}| {line}".rstrip())
     if first:
         r = next(r for r in rows if r["host"] == first)
         among = f" among the nodes asked ({', '.join(left_out)} not asked)" if left_out else ""

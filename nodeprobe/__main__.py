@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--session", required=True, help="tmux target of the run's session (=RUN)")
     rs.add_argument("--wait", type=float, default=0, metavar="S",
                     help="first wait up to S seconds for the rank's exit code (one poll of a wait)")
+    rs.add_argument("--log-pattern", default="", metavar="REGEX",
+                    help="ddplab_log_pattern: your code's lines in launch.log (\"\": nanoGPT's, nanochat's)")
+    rs.add_argument("--total-steps", type=int, default=0, metavar="N",
+                    help="the built-in trainer's steps (0: unknown, or read from your code's lines)")
 
     vs = sub.add_parser("verify-shards", help="hash the shards a manifest names and compare (roles/dataset)")
     vs.add_argument("--dir", required=True, help="the node's shard folder")
@@ -211,7 +215,8 @@ def dispatch(args):
     if args.cmd == "run-status":
         from nodeprobe import run_status
 
-        return run_status.run_status(args.run_dir, args.socket, args.session, args.wait)
+        return run_status.run_status(args.run_dir, args.socket, args.session, args.wait, args.log_pattern,
+                                     args.total_steps)
     if args.cmd == "place-files":
         from nodeprobe import place_files
 

@@ -8,6 +8,12 @@ newest metrics line's file), now (this node's clock, to compare), last_lines (th
 error (the last `ddplab: error:` line), lost_peer (that line says this rank lost a peer: it is a
 victim, not the cause) and exception (the exception the rank's code raised, with its file:line;
 nodeprobe/rank_error.py), read when the rank did not exit 0.
+Progress: step, loss and tokens_per_sec from the built-in trainer's newest metrics line, with total (the
+steps it was given, --total-steps); without metrics files (your own code) from the lines the code printed
+into launch.log (nodeprobe/log_metrics.py: the log's first and last 64 KiB; --log-pattern is
+ddplab_log_pattern), which also give total and eta_s when the code prints them; log_format says which
+lines were read. progress is the one line of text status and wait show (`step 12/50 loss 2.3456 1234
+tok/s eta 0m41s`; a total or an eta that is not known is left out).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import subprocess
 import time
 
+from nodeprobe import log_metrics
 from nodeprobe.rank_error import log_exception
 
 
@@ -63,12 +70,37 @@ def wait_for_end(run_dir: str, seconds: float, interval: float = 0.2) -> None:
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 
-def run_status(run_dir: str, socket: str, session: str, wait: float = 0) -> dict:
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def progress_text(res: dict) -> str:
+    """`step 12/50 loss 2.3456 1234 tok/s eta 0m41s`: what is known of where the rank is."""
+    step = fmt(res.get("step"), "") + (f"/{res['total']}" if res.get("step") is not None and res.get("total")
+                                       else "")
+    eta = res.get("eta_s")
+    return (f"step {step} loss {fmt(res.get('loss'), '.4f')} {fmt(res.get('tokens_per_sec'), '.0f')} tok/s"
+            + (f" eta {log_metrics.fmt_duration(eta)}" if eta is not None else ""))
+
+
+def log_progress(log: str, pattern: str) -> dict:
+    """What the user's code printed: step, total, loss, tokens_per_sec, eta_s, log_format."""
+    try:
+        read = log_metrics.read_log(log, pattern)
+    except log_metrics.PatternError as e:  # validate refuses it first; this is a hand-made call
+        return {"log_format": None, "log_pattern_error": f"ddplab_log_pattern {e}"}
+    return {**log_metrics.progress(read["records"], read["context"]), "log_format": read["format"]}
+
+
+def run_status(run_dir: str, socket: str, session: str, wait: float = 0, log_pattern: str = "",
+               total_steps: int = 0) -> dict:
     if wait > 0:
         wait_for_end(run_dir, wait)
     res = {"state": "not-started", "code": None, "step": None, "loss": None, "tokens_per_sec": None,
+           "total": total_steps or None, "eta_s": None, "log_format": None,
            "last_line": "", "pane": None, "code_time": None, "log_time": None, "metrics_time": None,
            "now": time.time(), "last_lines": [], "error": None, "lost_peer": False, "exception": None}
+    res["progress"] = progress_text(res)
     if not os.path.isdir(run_dir):
         return res
     out = subprocess.run(
@@ -94,6 +126,9 @@ def run_status(run_dir: str, socket: str, session: str, wait: float = 0) -> dict
             res.update(step=rec.get("step"), loss=rec.get("loss"), tokens_per_sec=rec.get("tokens_per_sec"))
         res["metrics_time"] = max(filter(None, [res["metrics_time"], mtime(path)]), default=None)
     log = os.path.join(run_dir, "launch.log")
+    if res["metrics_time"] is None:  # no ddplab metrics: your own code's printed lines
+        res.update({k: v for k, v in log_progress(log, log_pattern).items() if v is not None})
+    res["progress"] = progress_text(res)
     res["last_line"] = (last_line(log) or "")[-300:]
     res["code_time"], res["log_time"] = mtime(os.path.join(run_dir, "exit_code")), mtime(log)
     res["last_lines"] = tail_lines(log, 6)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 
 from ddplab.status import NOT_ASKED, judge
+from tests.helpers.probes import probe
+from tests.helpers.user_logs import nanochat_log, write
 
 NODES = {"node0": 0, "node1": 1, "node2": 2}
 
@@ -92,3 +94,19 @@ def test_a_failed_row_shows_the_exception_its_code_raised():
     assert rows["node2"].endswith("| exited 0")  # a finished node shows its last line, never an exception
     assert ("failed first: node0 (rank 0, failed (exit code 1)): FileNotFoundError: [Errno 2] No such file "
             "or directory: 'configurator.py' (train.py:10)") in v["lines"]
+
+
+def test_your_codes_step_total_and_eta_from_its_printed_lines(tmp_path):
+    """The node's run status of code that prints nanochat's lines, judged: step/total and the eta; a node
+    whose log has no step line shows `-`, never the built-in trainer's total."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write(run / "launch.log", nanochat_log(num_iterations=20, upto=12))
+    master = probe("run-status", "--run-dir", str(run), "--socket", str(tmp_path / "sock"), "--session", "=r")
+    master["state"] = "running"  # as with a live tmux pane
+    quiet = {**master, "step": None, "total": None, "eta_s": None, "loss": None, "tokens_per_sec": None}
+    v = judge(doc({"node0": master, "node1": quiet, "node2": {**master, "state": "exited", "code": 0}}))
+    rows = {r["host"]: ln for r, ln in zip(v["nodes"], v["lines"][1:], strict=True)}
+    assert "step 11/20 " in rows["node0"] and " eta 0m02s |" in rows["node0"]
+    assert "step -      loss -" in rows["node1"] and "/50" not in rows["node1"]
+    assert "step 11/20 " in rows["node2"] and "eta" not in rows["node2"]  # finished: no eta

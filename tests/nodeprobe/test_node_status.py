@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.helpers.probes import REPO, probe
+from tests.helpers.user_logs import nanochat_log, write
 
 
 def test_run_status_of_a_missing_and_an_exited_run(tmp_path):
@@ -29,6 +30,27 @@ def test_run_status_of_a_missing_and_an_exited_run(tmp_path):
     (run / "exit_code").unlink()
     assert probe("run-status", "--run-dir", str(run), "--socket", str(tmp_path / "sock"),
                  "--session", "=r1")["state"] == "lost"  # no exit code and no tmux pane
+
+
+def test_run_status_of_your_own_code_reads_the_lines_it_printed(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write(run / "launch.log", nanochat_log(num_iterations=20, upto=12))
+    args = ("run-status", "--run-dir", str(run), "--socket", str(tmp_path / "sock"), "--session", "=r1")
+    r = probe(*args, "--total-steps=0")
+    assert r["log_format"] == "nanochat" and (r["step"], r["total"]) == (11, 20)
+    assert r["loss"] == pytest.approx(9.3) and r["tokens_per_sec"] == int(524288 / 0.261)
+    assert r["eta_s"] == pytest.approx(9 * 0.256, rel=0.01)
+    assert r["progress"] == "step 11/20 loss 9.3000 2008766 tok/s eta 0m02s"
+    custom = probe(*args, r"--log-pattern=^step (?P<step>\d+)/\d+ \(")  # total not captured: step alone
+    assert custom["log_format"] == "custom" and custom["step"] == 11 and custom["total"] is None
+    assert custom["progress"] == "step 11 loss - - tok/s"
+    # the built-in trainer: its metrics line, the steps it was given, the log's lines not read
+    (run / "out").mkdir()
+    (run / "out" / "metrics.rank0.jsonl").write_text(json.dumps({"step": 3, "loss": 2.5}) + "\n")
+    builtin = probe(*args, "--total-steps=50")
+    assert (builtin["step"], builtin["total"], builtin["log_format"], builtin["eta_s"]) == (3, 50, None, None)
+    assert builtin["progress"] == "step 3/50 loss 2.5000 - tok/s"
 
 
 def test_route_toward_loopback_and_a_bad_address():
