@@ -3,7 +3,11 @@
 Input: what playbooks/collect_logs.yml brings back, per host: metrics.rank{R}.jsonl, summary.rank{R}.json,
 summary.json (rank 0's host), exit_code, launch.log, trainer.env, code.json (docs/contracts.md). Files are
 found anywhere under each host folder (the trainer writes them in out/). A host without metrics (your own
-entry point, or a rank that died before its first step) still gets a row with its exit code.
+entry point, or a rank that died before its first step) still gets a row with its exit code; when its
+launch.log holds the lines your code printed (nodeprobe/log_metrics.py: nanoGPT's, nanochat's, or
+ddplab_log_pattern), the row gets their steps, final loss, tokens/s and step time (medians over the steps
+after the first), loss.png their loss curve, and the run its steps, last loss and tokens/s: the sum of the
+nodes' medians (nanoGPT and nanochat print the run's figure on rank 0 only).
 """
 
 import json
@@ -14,6 +18,7 @@ from pathlib import Path
 
 from ddplab import tb_export
 from ddplab.errors import DdplabError
+from nodeprobe import log_metrics
 
 COLUMNS = [("host", "host"), ("rank", "rank"), ("exit", "exit"), ("steps", "steps"),
            ("final loss", "final_loss"), ("tokens/s", "tokens_per_sec"), ("step ms p50", "step_ms_p50"),
@@ -80,7 +85,20 @@ def load_code(run_dir):
     return out
 
 
-def load_run(run_dir):
+def host_log(host: Path, pattern: str) -> dict:
+    """The user's printed lines in the host's launch.log (the run folder's, else the first found)."""
+    path = host / "launch.log"
+    if not path.is_file():
+        path = next(iter(sorted(host.rglob("launch.log"))), None)
+    if path is None:
+        return {"format": None, "records": [], "context": {}}
+    try:
+        return log_metrics.read_log(str(path), pattern, whole=True)
+    except log_metrics.PatternError as e:
+        raise DdplabError(f"ddplab_log_pattern {e}; fix it (python -m ddplab validate checks it)") from None
+
+
+def load_run(run_dir, log_pattern=""):
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise DdplabError(f"run folder {run_dir} does not exist; collect it with playbooks/collect_logs.yml")
@@ -104,7 +122,7 @@ def load_run(run_dir):
         if not any(r["host"] == host.name for r in ranks) and (exit_code is not None
                                                                or any(host.rglob("launch.log"))):
             ranks.append({"host": host.name, "rank": None, "node_rank": _env_value(host, "NODE_RANK"),
-                          "exit": exit_code, "rows": [], "summary": {}})
+                          "exit": exit_code, "rows": [], "summary": {}, "log": host_log(host, log_pattern)})
     if not ranks:
         raise DdplabError(f"no metrics.rank*.jsonl under {run_dir}; did the run start? "
                           "(see runs/<run_id>/<host>/launch.log and pane.txt)")
@@ -112,7 +130,36 @@ def load_run(run_dir):
     return ranks, run_summary
 
 
+def printed(r) -> list[dict]:
+    """The records of the lines a host's code printed ([] for the built-in trainer's ranks)."""
+    return (r.get("log") or {}).get("records") or []
+
+
+def _log_row(r):
+    """A row of a host whose figures come from its printed lines: the columns that have an equivalent."""
+    figures = log_metrics.summary(r["log"]["records"])
+    return {**{k: None for _, k in COLUMNS}, "host": r["host"], "rank": r["rank"], "exit": r["exit"],
+            **{k: figures[k] for k in ("steps", "final_loss", "tokens_per_sec", "step_ms_p50")}}
+
+
+def log_summary(ranks) -> dict:
+    """The run's figures from the hosts' printed lines ({} when none printed any)."""
+    logs = [r for r in ranks if printed(r)]
+    if not logs:
+        return {}
+    figures = [log_metrics.summary(r["log"]["records"]) for r in logs]
+    last = max(figures, key=lambda f: f["steps"] if f["steps"] is not None else -1)
+    rates = [f["tokens_per_sec"] for f in figures if f["tokens_per_sec"] is not None]
+    out = {"metrics_from": f"launch.log ({', '.join(sorted({r['log']['format'] for r in logs}))} lines)",
+           "steps": last["steps"], "loss_last": last["final_loss"],
+           "tokens_per_sec": sum(rates) if rates else None,
+           "val_loss": last["val_loss"], "val_bpb": last["val_bpb"]}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def _row(r):
+    if printed(r):
+        return _log_row(r)
     rows, summ = r["rows"], r["summary"]
     steps = rows[-1].get("step") if rows else None
     return {
@@ -139,7 +186,8 @@ def _fmt(v):
 def markdown(run_dir, table, merged):
     lines = [f"# Run {Path(run_dir).name}", ""]
     for key in ("world_size", "params", "steps", "tokens_per_sec", "byte_equivalent", "torch_version",
-                "dtype", "threads", "hosts", "tokens_seen", "global_batch_tokens", "loss_last", "val_loss"):
+                "dtype", "threads", "hosts", "tokens_seen", "global_batch_tokens", "loss_last", "val_loss",
+                "val_bpb", "metrics_from"):
         if key in merged:
             value = merged[key]
             text = ", ".join(map(str, value)) if isinstance(value, list) else _fmt(value)
@@ -168,7 +216,8 @@ def markdown(run_dir, table, merged):
         lines.insert(2, f"- code: {', '.join(h[:12] for h in hashes)} ({same}){git_text}")
     if merged.get("tensorboard"):
         lines.append(f"- TensorBoard: `tensorboard --logdir {merged['tensorboard']}`")
-    lines += [""] + (["![loss](loss.png)", ""] if merged.get("has_metrics") else [])
+    plotted = merged.get("has_metrics") or merged.get("has_log_metrics")
+    lines += [""] + (["![loss](loss.png)", ""] if plotted else [])
     return "\n".join(lines)
 
 
@@ -180,9 +229,11 @@ def plot(ranks, path):
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in ranks:
-        xs = [x["step"] for x in r["rows"] if x.get("loss") is not None]
-        ys = [x["loss"] for x in r["rows"] if x.get("loss") is not None]
-        ax.plot(xs, ys, label=f"rank {r['rank']} ({r['host']})")
+        rows = r["rows"] or r["log"]["records"]
+        xs = [x["step"] for x in rows if x.get("loss") is not None]
+        ys = [x["loss"] for x in rows if x.get("loss") is not None]
+        label = f"rank {r['rank']} ({r['host']})" if r["rows"] else f"{r['host']} ({r['log']['format']})"
+        ax.plot(xs, ys, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
@@ -194,18 +245,22 @@ def plot(ranks, path):
     os.replace(tmp, path)
 
 
-def write_report(run_dir, nodes=()):
-    """nodes: every node of the lab (a collect under --limit says which of them it holds)."""
+def write_report(run_dir, nodes=(), log_pattern=""):
+    """nodes: every node of the lab (a collect under --limit says which of them it holds); log_pattern:
+    ddplab_log_pattern, for the lines of your own code."""
     run_dir = Path(run_dir)
-    ranks, run_summary = load_run(run_dir)
+    ranks, run_summary = load_run(run_dir, log_pattern)
     table = [_row(r) for r in ranks]
-    merged = dict(run_summary or {})
+    merged = {**log_summary(ranks), **(run_summary or {})}
     code = load_code(run_dir)
+    logged = [r for r in ranks if not r["rows"] and any("loss" in x for x in printed(r))]
     merged.update(run_id=run_dir.name, ranks=table, has_metrics=any(r["rows"] for r in ranks),
                   exit_codes={f"{r['host']}/rank{r['rank']}" if r["rank"] is not None
                               else f"{r['host']}/node{r.get('node_rank')}": r["exit"] for r in ranks},
                   all_exited_zero=all(r["exit"] == 0 for r in ranks),
                   collected=[p.name for p in host_dirs(run_dir)])
+    if logged:
+        merged["has_log_metrics"] = True  # loss.png from the lines your code printed
     if nodes:
         merged["not_collected"] = [n for n in nodes if n not in merged["collected"]]
     if code:
@@ -221,8 +276,8 @@ def write_report(run_dir, nodes=()):
         tmp = run_dir / f".{name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, run_dir / name)
-    if merged["has_metrics"]:
-        plot([r for r in ranks if r["rows"]], run_dir / "loss.png")
+    if merged["has_metrics"] or logged:
+        plot([r for r in ranks if r["rows"]] + logged, run_dir / "loss.png")
     return files["report.md"]
 
 
@@ -259,7 +314,7 @@ def cmd_report(args):
             print(f"ddplab: error: {e}", file=sys.stderr)
             return 1
     if not args.no_report:
-        print(write_report(args.run_dir, nodes))
+        print(write_report(args.run_dir, nodes, args.log_pattern))
 
 
 def add_parser(sub):
@@ -269,4 +324,6 @@ def add_parser(sub):
     p.add_argument("--unpack", default="", metavar="NODES",
                    help="first unpack these nodes' fetched <run_dir>/<node>.tgz into <run_dir>/<node>/")
     p.add_argument("--no-report", action="store_true", help="only unpack")
+    p.add_argument("--log-pattern", default="", metavar="REGEX",
+                   help="ddplab_log_pattern: your code's lines in launch.log (\"\": nanoGPT's, nanochat's)")
     p.set_defaults(func=cmd_report)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from tests.helpers.playbooks import REPO
+from tests.helpers.user_logs import RUN_LINE, nanochat_log, nanogpt_log, write
 
 
 def write_rank(d, rank, losses, exit_code=0, summary=None):
@@ -19,9 +20,9 @@ def write_rank(d, rank, losses, exit_code=0, summary=None):
         (out / "summary.json").write_text(json.dumps(summary))
 
 
-def run_report(run_dir):
-    return subprocess.run([sys.executable, "-m", "ddplab", "report", str(run_dir)], cwd=REPO, text=True,
-                          capture_output=True, timeout=120)
+def run_report(run_dir, *args):
+    return subprocess.run([sys.executable, "-m", "ddplab", "report", str(run_dir), *args], cwd=REPO,
+                          text=True, capture_output=True, timeout=120)
 
 
 def test_report_merges_ranks(tmp_path):
@@ -102,3 +103,62 @@ def test_unpack_refuses_an_archive_that_escapes_its_folder(tmp_path):
                          text=True, capture_output=True, timeout=120)
     assert out.returncode == 1 and "cannot unpack" in out.stderr and "nodeB" in out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "evil").exists()
+
+
+def user_host(d, lines, exit_code=0):
+    """A collected host of a run of your own code: its launch.log and exit code, no ddplab metrics."""
+    d.mkdir(parents=True)
+    write(d / "launch.log", lines + ["ddplab: rank 0 exited with code 0"])
+    (d / "exit_code").write_text(f"{exit_code}\n")
+
+
+def test_report_of_your_code_from_the_lines_it_printed(tmp_path):
+    run = tmp_path / "run-n"
+    user_host(run / "node0", nanochat_log(num_iterations=20, upto=20))
+    user_host(run / "node1", [RUN_LINE, "a worker prints nothing of its progress"])
+    proc = run_report(run)
+    assert proc.returncode == 0, proc.stderr
+    merged = json.loads((run / "summary.json").read_text())
+    node0, node1 = merged["ranks"]
+    assert (node0["steps"], node0["final_loss"]) == (19, 8.5)
+    # median of steps 1..19 (step 0, the warm-up, left out): tok/sec = int(524288 / (0.25 + s / 1000))
+    assert node0["tokens_per_sec"] == int(524288 / 0.26) and node0["step_ms_p50"] == 260.0
+    assert node0["allreduce_ms_p50"] is None and node1["steps"] is None and node1["tokens_per_sec"] is None
+    assert merged["steps"] == 19 and merged["loss_last"] == 8.5 and merged["val_bpb"] == 2.9
+    assert merged["tokens_per_sec"] == node0["tokens_per_sec"]  # the sum of the nodes': rank 0 prints it
+    assert merged["has_metrics"] is False and merged["has_log_metrics"] is True
+    table = (run / "report.md").read_text()
+    assert "- metrics_from: launch.log (nanochat lines)" in table and "![loss](loss.png)" in table
+    assert f"| node0 | - | 0 | 19 | 8.5 | {int(524288 / 0.26)} | 260 | - |" in table
+    assert "| node1 | - | 0 | - | - | - |" in table
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_sums_each_nodes_tokens_per_second_with_a_custom_pattern(tmp_path):
+    run = tmp_path / "run-c"
+    pattern = r"^ep (?P<step>\d+) loss=(?P<loss>\S+) (?P<tokens_per_sec>[\d,]+) tok/s"
+    for host, rate in (("node0", 1000), ("node1", 3000)):
+        user_host(run / host, [RUN_LINE] + [f"ep {s} loss={2 - s / 10} {rate + s:,} tok/s" for s in range(5)])
+    proc = run_report(run, f"--log-pattern={pattern}")
+    assert proc.returncode == 0, proc.stderr
+    merged = json.loads((run / "summary.json").read_text())
+    assert [r["tokens_per_sec"] for r in merged["ranks"]] == [1002.5, 3002.5]
+    assert merged["tokens_per_sec"] == 4005.0 and merged["metrics_from"] == "launch.log (custom lines)"
+    bad = run_report(run, "--log-pattern=(?P<iteration>\\d+)")
+    assert bad.returncode != 0 and "ddplab_log_pattern has the unknown group name(s) iteration" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_report_of_nanogpt_lines_and_of_the_built_in_trainer_unchanged(tmp_path):
+    run = tmp_path / "run-g"
+    user_host(run / "node0", nanogpt_log(max_iters=6))
+    assert run_report(run).returncode == 0
+    merged = json.loads((run / "summary.json").read_text())
+    assert merged["steps"] == 6 and merged["val_loss"] == 3.7 and merged["tokens_per_sec"] > 0
+    builtin = tmp_path / "run-b"
+    write_rank(builtin / "nodeA", 0, [5.0, 4.0], summary={"world_size": 1})
+    (builtin / "nodeA" / "launch.log").write_text("\n".join(nanochat_log(upto=3)) + "\n")  # not read
+    assert run_report(builtin).returncode == 0
+    merged = json.loads((builtin / "summary.json").read_text())
+    assert "metrics_from" not in merged and "has_log_metrics" not in merged
+    assert merged["ranks"][0]["steps"] == 2
