@@ -90,6 +90,11 @@ def test_the_repository_trains_across_two_hosts_from_its_folder(first_run, lab, 
     assert cluster.exec("node0", ["test", "-s", f"{USER}/out-tiny/ckpt.pt"], timeout=30).returncode == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["code_identical"] is True and summary["all_exited_zero"] is True
+    # the lines the code printed (nanoGPT's iter line, rank 0 only) give the report and the progress
+    assert summary["metrics_from"] == "launch.log (nanogpt lines)" and summary["steps"] == 3
+    assert summary["loss_last"] == float(f"{result['losses'][-1]:.4f}") and summary["tokens_per_sec"] > 0
+    assert [r["steps"] for r in summary["ranks"]] == [3, None] and (run / "loss.png").is_file()
+    assert "step 3 loss " in proc.stdout and "step -/" not in proc.stdout  # no built-in trainer's total
 
 
 def test_a_second_launch_keeps_the_outputs_and_prunes_only_what_ddplab_placed(first_run, lab, repo):
