@@ -6,6 +6,7 @@ The test lines are made by nanoGPT's and nanochat's real print statements (tests
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,13 @@ def test_a_partial_last_line_is_left_out(tmp_path):
     assert [r["step"] for r in log["records"] if "loss" in r] == [0, 1]
     assert lm.number(float, "1,234,567.5") == 1234567.5 and lm.number(int, "1_000") == 1000
     assert lm.number(float, "inf") is None and not math.isnan(lm.number(float, "-1.5"))
+
+
+def test_the_documented_examples_are_usable_patterns():
+    from ddplab.settings.spec import BY_NAME
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shown = re.search(r"e\.g\.\s+`'(\^step [^`]+)'`", readme).group(1)
+    for text in (BY_NAME["ddplab_log_pattern"].example, shown):
+        fmt = lm.custom_format(text)
+        assert lm.parse(["step 12/20 loss 2.5 1,234"], fmt)[0][0]["step"] == 12
