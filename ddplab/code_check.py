@@ -242,9 +242,11 @@ def torch_aliases(tree: ast.Module) -> dict[str, str]:
                 (node.module or "").split(".")[0] == "torch":
             for a in node.names:
                 out[a.asname or a.name] = f"{node.module}.{a.name}"
+    spelled = Names(aliases=dict(out))
     for node in tree.body:
-        if isinstance(node, ast.Assign) and dotted(node.value).startswith("torch.cuda"):
-            out.update({t.id: dotted(node.value) for t in node.targets if isinstance(t, ast.Name)})
+        value = spelled.canon(dotted(node.value)) if isinstance(node, ast.Assign) else ""
+        if value.startswith("torch.cuda"):
+            out.update({t.id: value for t in node.targets if isinstance(t, ast.Name)})
     return out
 
 
@@ -268,7 +270,7 @@ def flag_defaults(prog: Program) -> dict[str, tuple[str, object]]:
 def module_facts(prog: Program, mod: Module, ddp_names: set[str], flags: dict) -> tuple[ModuleFacts, Names]:
     config_exec = any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
                       and dotted(n.value.func) == "exec" for n in mod.tree.body)
-    functions = {n.name: n for n in mod.tree.body if isinstance(n, FuncNode)}
+    functions = {name: fn for name in mod.symbols if isinstance(fn := prog.resolve(mod, [name]), FuncNode)}
     assigns = assignments(mod.tree, skip_defs=True)
     rebound = {name for n in ast.walk(mod.tree) if isinstance(n, ast.Global) for name in n.names}
     names = Names(assigns, torch_aliases(mod.tree), set(assigns) if config_exec else rebound)
