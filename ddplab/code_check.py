@@ -19,7 +19,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddplab.cpu_patterns import Finding, dotted, scan_unit
+from ddplab.cpu_guards import Names, dotted
+from ddplab.cpu_patterns import CUDA_USE_KINDS, Finding, ModuleFacts, scan_unit
 from ddplab.errors import DdplabError
 
 FuncNode = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -41,6 +42,7 @@ class Program:
 
     def __init__(self, code_dir: Path, roots: list[Path]):
         self.code_dir, self.roots = code_dir.resolve(), [r.resolve() for r in roots]
+        self.entry = ""  # the module Python runs as __main__
         self.modules: dict[str, Module] = {}
         self.broken: list[Finding] = []
         self.queue: list[tuple[str, Path]] = []
@@ -64,6 +66,7 @@ class Program:
         return bool(name) and self.find(name) is not None
 
     def load_all(self, entry_name: str, entry_path: Path) -> None:
+        self.entry = entry_name
         self.queue.append((entry_name, entry_path))
         while self.queue:
             name, path = self.queue.pop(0)
@@ -83,6 +86,8 @@ class Program:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         if name == "__main__":
             package = ""
+        if name != self.entry:
+            tree.body = without_main_block(tree.body)
         mod = Module(name, rel, source, tree, package)
         self.modules[name] = mod
         for node in tree.body:
@@ -139,6 +144,25 @@ class Program:
         return self.resolve(mod, parts, depth + 1) if mod else None
 
 
+def is_main_test(test: ast.AST) -> bool:
+    """`__name__ == "__main__"` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    return {dotted(s) or getattr(s, "value", None) for s in (test.left, test.comparators[0])} == \
+        {"__name__", "__main__"}
+
+
+def without_main_block(body: list[ast.stmt]) -> list[ast.stmt]:
+    """An imported module's top level: its `if __name__ == "__main__":` block never runs (its else does)."""
+    out = []
+    for stmt in body:
+        if isinstance(stmt, ast.If) and is_main_test(stmt.test):
+            out += stmt.orelse
+        else:
+            out.append(stmt)
+    return out
+
+
 def units_of(mod: Module) -> list[tuple[ast.AST, ast.ClassDef | None]]:
     """Every function not nested in another function, with its class (methods) or None."""
     out = []
@@ -153,22 +177,6 @@ def units_of(mod: Module) -> list[tuple[ast.AST, ast.ClassDef | None]]:
                 walk(child, cls)
     walk(mod.tree, None)
     return out
-
-
-def references(node: ast.AST, skip_defs: bool):
-    """Dotted names used in a body (a module's top level skips its functions' bodies)."""
-    stack = [node]
-    while stack:
-        cur = stack.pop()
-        if isinstance(cur, (ast.Name, ast.Attribute)):
-            name = dotted(cur)
-            if name:
-                yield name.split(".")
-        for child in ast.iter_child_nodes(cur):
-            if skip_defs and isinstance(child, FuncNode):
-                stack.extend(child.decorator_list)
-                continue
-            stack.append(child)
 
 
 def assignments(body: ast.AST, skip_defs: bool, params=()) -> dict:
@@ -221,60 +229,144 @@ def check(code_dir: str, entrypoint: str) -> dict:
     return {"entry": entry, "files": sorted(m.rel for m in prog.modules.values()), "findings": findings}
 
 
+def torch_aliases(tree: ast.Module) -> dict[str, str]:
+    """How a module spells torch's names: `import torch as th`, `from torch import cuda`,
+    `tc = torch.cuda`."""
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "torch" and a.asname:
+                    out[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom) and not node.level and \
+                (node.module or "").split(".")[0] == "torch":
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    spelled = Names(aliases=dict(out))
+    for node in tree.body:
+        value = spelled.canon(dotted(node.value)) if isinstance(node, ast.Assign) else ""
+        if value.startswith("torch.cuda"):
+            out.update({t.id: value for t in node.targets if isinstance(t, ast.Name)})
+    return out
+
+
+def flag_defaults(prog: Program) -> dict[str, tuple[str, object]]:
+    """argparse options with a constant default, by dest: {"dist_backend": ("--dist-backend", "nccl")}."""
+    out = {}
+    for mod in prog.modules.values():
+        for node in ast.walk(mod.tree):
+            if not (isinstance(node, ast.Call) and dotted(node.func).endswith("add_argument")):
+                continue
+            kw = {k.arg: k.value for k in node.keywords if k.arg}
+            opts = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            long = next((o for o in opts if o.startswith("--")), opts[0] if opts else "")
+            dest = kw["dest"].value if isinstance(kw.get("dest"), ast.Constant) else \
+                long.lstrip("-").replace("-", "_")
+            if dest and isinstance(kw.get("default"), ast.Constant):
+                out[dest] = (long, kw["default"].value)
+    return out
+
+
+def module_facts(prog: Program, mod: Module, ddp_names: set[str], flags: dict) -> tuple[ModuleFacts, Names]:
+    config_exec = any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+                      and dotted(n.value.func) == "exec" for n in mod.tree.body)
+    functions = {name: fn for name in mod.symbols if isinstance(fn := prog.resolve(mod, [name]), FuncNode)}
+    assigns = assignments(mod.tree, skip_defs=True)
+    rebound = {name for n in ast.walk(mod.tree) if isinstance(n, ast.Global) for name in n.names}
+    names = Names(assigns, torch_aliases(mod.tree), set(assigns) if config_exec else rebound)
+    return ModuleFacts(ddp_names, config_exec, functions, flags), names
+
+
+def reach(units: dict, scans: dict, prog: Program) -> tuple[set, set]:
+    """Units reached from the module top levels, and those reached only through CUDA-guarded code."""
+    def walk(starts, through_cuda):
+        seen, todo = set(), list(starts)
+        while todo:
+            key = todo.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            mod = units[key][0]
+            for parts, on_cuda in scans[key].refs:
+                if on_cuda and not through_cuda:
+                    continue
+                target = prog.resolve(mod, parts)
+                if isinstance(target, FuncNode) and id(target) in units:
+                    todo.append(id(target))
+                elif isinstance(target, ast.ClassDef):
+                    todo.extend(id(m) for m in methods.get(id(target), []))
+        return seen
+    methods: dict[int, list] = {}
+    for _mod, node, cls, _top in units.values():
+        if cls is not None:
+            methods.setdefault(id(cls), []).append(node)
+    reached = walk([id(m.tree) for m in prog.modules.values()], through_cuda=False)
+    return reached, walk(reached, through_cuda=True) - reached
+
+
 def judge(prog: Program) -> list[Finding]:
     ddp_names = {"DistributedDataParallel"} | {
         a.asname for m in prog.modules.values() for n in ast.walk(m.tree) if isinstance(n, ast.ImportFrom)
         for a in n.names if a.name == "DistributedDataParallel" and a.asname}
+    flags = flag_defaults(prog)
     units = {}  # id(node) -> (module, node, class, is module top level)
     for mod in prog.modules.values():
         units[id(mod.tree)] = (mod, mod.tree, None, True)
         for fn, cls in units_of(mod):
             units[id(fn)] = (mod, fn, cls, False)
-    methods: dict[int, list] = {}
-    for _mod, node, cls, _top in units.values():
-        if cls is not None:
-            methods.setdefault(id(cls), []).append(node)
-    reached, todo = set(), [id(m.tree) for m in prog.modules.values()]
-    while todo:
-        key = todo.pop()
-        if key in reached:
-            continue
-        reached.add(key)
-        mod, node, _cls, top = units[key]
-        for parts in references(node, skip_defs=top):
-            target = prog.resolve(mod, parts)
-            if isinstance(target, FuncNode) and id(target) in units:
-                todo.append(id(target))
-            elif isinstance(target, ast.ClassDef):
-                todo.extend(id(m) for m in methods.get(id(target), []))
-    findings = list(prog.broken)
-    pg_calls = []
+    facts = {id(m): module_facts(prog, m, ddp_names, flags) for m in prog.modules.values()}
+    scans = {}
     for key, (mod, node, _cls, top) in units.items():
-        mod_assigns = assignments(mod.tree, skip_defs=True)
-        config_exec = any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
-                          and dotted(n.value.func) == "exec" for n in mod.tree.body)
+        mod_facts, names = facts[id(mod)]
         if top:
-            stmts, assigns = mod.tree.body, mod_assigns
+            stmts = mod.tree.body
         else:
             params = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
-            stmts, assigns = node.body, {**mod_assigns, **assignments(node, False, params)}
-        scan = scan_unit(mod.rel, mod.source, stmts, ddp_names, assigns, config_exec, skip_defs=top)
+            stmts = node.body
+            names = Names({**names.assigns, **assignments(node, False, params)}, names.aliases,
+                          names.rebindable)
+        scans[key] = scan_unit(mod.rel, mod.source, stmts, mod_facts, names, skip_defs=top)
+    reached, cuda_only = reach(units, scans, prog)
+    findings = list(prog.broken)
+    pg_calls, ddp_calls = [], []
+    for key, scan in scans.items():
+        rel = units[key][0].rel
         for f in scan.findings:
+            if key in cuda_only and f.kind in CUDA_USE_KINDS:
+                continue  # a function called only where the device is CUDA: guarded
             f.reached = key in reached
             findings.append(f)
-        pg_calls += [(mod.rel, line, guarded, src, key in reached) for line, guarded, src in scan.pg_calls]
-    if pg_calls and all(guarded for _r, _l, guarded, _s, _x in pg_calls):
-        rel, line, _g, src, was_reached = pg_calls[0]
-        findings.append(Finding(
-            rel, line, "pg-only-on-cuda", "error", f"the only process group ({src}) is created on CUDA alone",
-            "on CPU nodes no group is made: each rank trains alone, or fails at its first collective",
-            'create it whenever DDP is requested: init_process_group(backend="nccl" if device_type == "cuda" '
-            'else "gloo"), with torch.cuda.set_device only on CUDA', was_reached))
+        pg_calls += [(rel, line, guarded or key in cuda_only, src, key in reached)
+                     for line, guarded, src in scan.pg_calls]
+        ddp_calls += [(rel, line, guarded or key in cuda_only, src, key in reached)
+                      for line, guarded, src in scan.ddp_calls]
+    if not any(f.kind == "cuda-required" and f.reached for f in findings):  # else: that is the cause
+        findings += only_on_cuda(pg_calls, ddp_calls)
     for f in findings:
         if f.severity == "error" and not f.reached:
             f.severity, f.why = "warning", f.why + " (in code not seen called from the entry point)"
     unique = {(f.path, f.line, f.kind): f for f in findings}
     return sorted(unique.values(), key=lambda f: (f.severity != "error", f.path, f.line, f.kind))
+
+
+def only_on_cuda(pg_calls: list, ddp_calls: list) -> list[Finding]:
+    """The process group, or the DDP wrap, made only on the CUDA branch: on CPU nodes each rank trains
+    alone."""
+    if pg_calls and all(guarded for _r, _l, guarded, _s, _x in pg_calls):
+        rel, line, _g, src, was_reached = pg_calls[0]
+        return [Finding(
+            rel, line, "pg-only-on-cuda", "error", f"the only process group ({src}) is created on CUDA alone",
+            "on CPU nodes no group is made: each rank trains alone, or fails at its first collective",
+            'create it whenever DDP is requested: init_process_group(backend="nccl" if device_type == "cuda" '
+            'else "gloo"), with torch.cuda.set_device only on CUDA', was_reached)]
+    if pg_calls and ddp_calls and all(guarded for _r, _l, guarded, _s, _x in ddp_calls):
+        rel, line, _g, src, was_reached = ddp_calls[0]
+        return [Finding(
+            rel, line, "ddp-only-on-cuda", "error", f"the model is wrapped ({src}) on CUDA alone",
+            "on CPU nodes the group is made but gradients are never averaged: each rank trains alone",
+            "wrap it whenever DDP is requested: "
+            "DDP(model, device_ids=[local_rank] if device.type == \"cuda\" else None)", was_reached)]
+    return []
 
 
 def report_lines(result: dict) -> list[str]:

@@ -1,0 +1,3 @@
+# ruff: noqa
+def pick_backend():
+    return "nccl"
