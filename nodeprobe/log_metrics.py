@@ -13,6 +13,9 @@ step) that later records inherit. Built in:
   file's ``max_iters = 5000`` line it echoes; tokens per step from ``tokens per iteration will be: 12,288``.
 - ``nanochat``: scripts/base_train.py's ``step 00001/00020 (5.00%) | loss: ... | dt: ...ms | tok/sec:
   1,234 | bf16_mfu: ...`` and ``Step 00010 | Validation bpb: 1.234``.
+- ``ddplab``: the built-in trainer's progress line (trainer/metrics.py ``progress_line``: ``step 12/50 |
+  loss ... | dt ... ms | tok/s 12,345 | allreduce 3.0 ms | eta ...``). Its status and report read its
+  metrics files; ``ddplab tune`` reads this line, as it reads the others.
 
 Choice: ``ddplab_log_pattern`` (one regex, ``custom``) when set; else the first built-in format whose
 training line appears in the log; else none. Numbers may carry thousands separators (``1,234``,
@@ -43,6 +46,7 @@ FIELDS = {
     "tokens_per_step": (float, "tokens per step (with dt_ms it gives tokens/s)"),
     "dt_ms": (float, "step time in ms"),
     "mfu": (float, "model FLOPs utilisation, %"),
+    "allreduce_ms": (float, "time of the step's all-reduce in ms (its share of dt_ms: the communication)"),
 }
 CONTEXT = ("total", "tokens_per_step")  # printed once; every later record inherits them
 REQUIRED = "step"
@@ -73,6 +77,10 @@ BUILTIN = (
             rf"^step (?P<step>\d+)/(?P<total>\d+) \({NUM}%\) \| loss: (?P<loss>{NUM}) \|.*? \| "
             rf"dt: (?P<dt_ms>{NUM})ms \| tok/sec: (?P<tokens_per_sec>{INT}) \| \w*mfu: (?P<mfu>{NUM})",
             rf"^Step (?P<step>\d+) \| Validation bpb: (?P<val_bpb>{NUM})"),
+    _format("ddplab",
+            rf"^step\s+(?P<step>\d+)/(?P<total>\d+) \| loss (?P<loss>{NUM})(?: \(rank 0\))?"
+            rf"(?: \| val (?P<val_loss>{NUM}))? \| lr {NUM} \| dt\s+(?P<dt_ms>{NUM}) ms \| "
+            rf"tok/s\s+(?P<tokens_per_sec>{INT}) \| allreduce\s+(?P<allreduce_ms>{NUM}) ms"),
 )
 BY_NAME = {f.name: f for f in BUILTIN}
 

@@ -99,12 +99,24 @@ def test_garbage_prefixes_and_other_attempts(tmp_path):
     assert lm.read_log(str(tmp_path / "missing.log"))["records"] == []
 
 
-def test_the_built_in_trainers_progress_line_is_no_user_format():
+def test_the_built_in_trainers_progress_line_reads_with_its_all_reduce():
     from trainer.metrics import progress_line
 
     rec = {"step": 12, "loss_mean": 2.5, "lr": 1e-3, "dt_ms": 100.0, "tokens_per_sec": 12345.0,
            "allreduce_ms": 3.0}
-    assert lm.choose([progress_line(rec, 50, 30.0)]) is None
+    local = {**rec, "step": 13, "val_loss": 2.75}
+    del local["loss_mean"]
+    local["loss"] = 2.25  # between local-SGD syncs only rank 0's own loss is known
+    lines = [progress_line(rec, 50, 30.0), progress_line(local, 50, None)]
+    fmt = lm.choose(lines)
+    assert fmt.name == "ddplab"
+    records, _ = lm.parse(lines, fmt)
+    assert records == [
+        {"step": 12, "total": 50, "loss": 2.5, "dt_ms": 100.0, "tokens_per_sec": 12345.0, "allreduce_ms": 3.0},
+        {"step": 13, "total": 50, "loss": 2.25, "val_loss": 2.75, "dt_ms": 100.0, "tokens_per_sec": 12345.0,
+         "allreduce_ms": 3.0}]
+    # the user formats never read it
+    assert not any(f.patterns[0].search(lines[0]) for f in lm.BUILTIN if f.name != "ddplab")
 
 
 def test_a_partial_last_line_is_left_out(tmp_path):
