@@ -9,10 +9,14 @@ DEPTH  ?=
 # make wheelhouse: the folder (ddplab_wheelhouse_dir), the nodes' Python versions, an inventory to read them from.
 WHEELHOUSE ?= wheelhouse
 PYTHONS ?= 3.11
+# make tune: the lab's inventory, the seconds each layout trains, the processes of the 1xN layout.
+INV ?=
+TUNE_SECONDS ?= 120
+TUNE_PROCS ?= 2
 # make test: test files run in this many parallel workers, each with its own simulated lab (tests/conftest.py)
 TEST_WORKERS ?= 3
 
-.PHONY: help setup lint test test-fast data wheelhouse train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch clean
+.PHONY: help setup lint test test-fast data wheelhouse tune train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -40,6 +44,9 @@ data: setup  ## Generate the default deterministic corpus as parquet shards
 
 wheelhouse: setup  ## The pinned CPU torch + deps, once, for the nodes' Pythons (PYTHONS="3.11 3.12", INV=inventory/<yours>)
 	$(BIN)/python -m ddplab.wheelhouse fill --dir $(WHEELHOUSE) $(foreach p,$(PYTHONS),--python $(p)) $(if $(INV),-i $(INV))
+
+tune: setup  ## tokens/s of 1 node x 1 process, 1 node x N processes and all nodes (INV=inventory/<yours>)
+	$(BIN)/python -m ddplab tune -i $(or $(INV),inventory/local) --seconds $(TUNE_SECONDS) --procs $(TUNE_PROCS)
 
 train: data  ## Single machine, 2 ranks, no Ansible
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --data $(DATA) --out runs/train-$$(date +%Y%m%d-%H%M%S) \

@@ -4,7 +4,8 @@ report, follow, status (a run's outcome, live panes, which node failed first); v
 every setting before a node is touched; write the generated defaults and docs); preflight-verdict (judge
 the preflight's probes); code-tree (plan a code sync); sync-push (rsync files to a node, with progress);
 interrupt-guard (stop a run when its waiting playbook is interrupted); check-requirements (refuse a
-requirements file that asks for another torch).
+requirements file that asks for another torch); tune (tokens/s of 1 node x 1 process, 1 node x N
+processes and all nodes).
 """
 
 import argparse
@@ -28,6 +29,7 @@ VERBS = {
     "interrupt-guard": "ddplab.interrupt_guard",
     "check-requirements": "ddplab.check_requirements",
     "rdzv-store": "ddplab.rdzv_store",
+    "tune": "ddplab.tune",
 }
 
 

@@ -1,5 +1,6 @@
 """Read an Ansible inventory the way ansible-playbook does (via `ansible-inventory --list`)."""
 
+import functools
 import json
 import os
 import shutil
@@ -28,7 +29,9 @@ def _ansible_inventory():
     return here if os.path.exists(here) else shutil.which("ansible-inventory") or "ansible-inventory"
 
 
-def load_nodes(inventory):
+@functools.lru_cache(maxsize=4)
+def _inventory_list(inventory) -> dict:
+    """`ansible-inventory --list` of the inventory (group_vars and host_vars merged into hostvars)."""
     if not os.path.exists(inventory):
         raise DdplabError(f"inventory {inventory} does not exist; pass -i inventory/<name>")
     try:
@@ -38,7 +41,16 @@ def load_nodes(inventory):
         raise DdplabError(f"cannot run ansible-inventory: {e}; install ansible-core (make setup)") from e
     if out.returncode != 0:
         raise DdplabError(f"ansible-inventory -i {inventory} failed: {out.stderr.strip().splitlines()[-1:]}")
-    data = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def load_hostvars(inventory) -> dict:
+    """Each host's variables as ansible-playbook resolves them (unrendered Jinja stays a string)."""
+    return _inventory_list(inventory).get("_meta", {}).get("hostvars", {})
+
+
+def load_nodes(inventory):
+    data = _inventory_list(inventory)
     hostvars = data.get("_meta", {}).get("hostvars", {})
     names = set()
 

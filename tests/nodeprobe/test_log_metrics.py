@@ -112,7 +112,8 @@ def test_the_built_in_trainers_progress_line_reads_with_its_all_reduce():
     assert fmt.name == "ddplab"
     records, _ = lm.parse(lines, fmt)
     assert records == [
-        {"step": 12, "total": 50, "loss": 2.5, "dt_ms": 100.0, "tokens_per_sec": 12345.0, "allreduce_ms": 3.0},
+        {"step": 12, "total": 50, "loss": 2.5, "dt_ms": 100.0, "tokens_per_sec": 12345.0,
+         "allreduce_ms": 3.0},
         {"step": 13, "total": 50, "loss": 2.25, "val_loss": 2.75, "dt_ms": 100.0, "tokens_per_sec": 12345.0,
          "allreduce_ms": 3.0}]
     # the user formats never read it
