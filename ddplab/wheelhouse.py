@@ -1,15 +1,22 @@
-"""The control host's wheelhouse: the pinned CPU torch and its dependencies, downloaded once, pushed to the
-nodes over the LAN and installed offline there (`pip install --no-index --find-links`).
+"""The control host's wheelhouse: the pinned CPU torch and its dependencies, and the wheels of the user's
+requirements file, downloaded once, pushed to the nodes over the LAN and installed offline there
+(`pip install --no-index --find-links`).
 
-    python -m ddplab.wheelhouse fill --dir wheelhouse [--python 3.11 ...] [-i INVENTORY]
-    python -m ddplab.wheelhouse select --dir wheelhouse --python 3.11 --machine x86_64 --glibc 2.36
+    python -m ddplab.wheelhouse fill --dir wheelhouse [--python 3.11 ...] [-i INVENTORY] [--requirements FILE]
+    python -m ddplab.wheelhouse select --dir wheelhouse --python 3.11 --machine x86_64 --glibc 2.36 \
+        [--requirements FILE --installed-on-stdin]
 
 `fill` downloads, for each Python version (the control host's, those given with --python, and those found
 on the nodes of -i INVENTORY), `torch==<version>+cpu` (a CPU build only: a torch without the `+cpu` local
-part is a multi-GB CUDA build), numpy, pyarrow and torch's own dependencies, then writes manifest.json
-(file, size, sha256). `select` prints, as JSON, the files of the manifest a node can install (by its
-Python version, machine and glibc), their total size and the torch wheel among them; prepare pushes
-those (only what changed) and installs them offline.
+part is a multi-GB CUDA build), numpy, pyarrow and torch's own dependencies; then, for the requirements file
+(--requirements, else the inventory's ddplab_code_dir/ddplab_pip_requirements; a line asking for another
+torch is refused first), its wheels with that torch as a constraint (ddplab/wheel_download.py). It writes
+manifest.json: every wheel (file, size, sha256), the torch wheels per Python (`torch_wheels`) and the
+requirements record (file, sha256, torch, wheels per Python). `select` prints, as JSON, the torch wheels a
+node can install (by its Python version, machine and glibc), their total size and the torch wheel among
+them; with --requirements, the requirement wheels it installs offline, or `offline: false` (pip reads the
+index as without a wheelhouse) and a warning with the fix when the file changed since the fill or the node's
+Python was not filled. prepare pushes those (only what the node lacks) and installs them offline.
 """
 
 from __future__ import annotations
