@@ -75,13 +75,12 @@ def target(python: str, machine: str) -> str:
 
 
 def select(manifest: dict, python: str, machine: str, glibc: str) -> dict:
-    """The torch wheels this node installs (the manifest's, or of its torch downloads when it records them),
-    their total size and the torch wheel among them."""
+    """The torch wheels this node installs (those of the manifest that fit it, less the wheels only the
+    requirements' downloads took), their total size and the torch wheel among them."""
     tags = node_tags(python, machine, glibc)
-    recorded = manifest.get("torch_wheels")
-    torch_names = None if recorded is None else {n for names in recorded.values() for n in names}
-    files = [f for f in manifest["files"]
-             if wheel_fits(f["file"], tags) and (torch_names is None or f["file"] in torch_names)]
+    theirs = {n for names in manifest.get("requirements", {}).get("wheels", {}).values() for n in names}
+    ours = {n for names in manifest.get("torch_wheels", {}).values() for n in names}
+    files = [f for f in manifest["files"] if wheel_fits(f["file"], tags) and f["file"] not in theirs - ours]
     torch = next((f["file"] for f in files if f["file"].startswith("torch-")), None)
     return {"files": files, "bytes": sum(f["size"] for f in files), "torch": torch,
             "python": python, "machine": machine, "glibc": glibc}
@@ -106,6 +105,7 @@ def select_requirements(manifest: dict, requirements: Path, python: str, machine
         return out
     index = ("so pip reads the package index on this node (a node without a route to it fails there); "
              "fix: make wheelhouse INV=<your inventory>")
+    other_python = index + f' (or PYTHONS="{python}")'
     if sha256(requirements) != record["sha256"]:
         return {**out, "warning": f"{requirements} changed since make wheelhouse downloaded its wheels (for "
                                   f"{record['file']}, sha256 {record['sha256'][:12]}), {index}"}
@@ -113,7 +113,7 @@ def select_requirements(manifest: dict, requirements: Path, python: str, machine
     if names is None:
         return {**out, "warning": f"the wheelhouse has the wheels of {requirements} for python "
                                   f"{', '.join(sorted(record['wheels']))}, not for this node's python "
-                                  f"{target(python, machine)}, {index}"}
+                                  f"{target(python, machine)}, {other_python}"}
     by_name = {f["file"]: f for f in manifest["files"]}
     tags = node_tags(python, machine, glibc)
     unusable = [n for n in names if n not in by_name or not wheel_fits(n, tags)]

@@ -60,6 +60,7 @@ def test_another_python_or_an_old_glibc_goes_to_the_index_with_the_fix(tmp_path)
     other = wh.select_requirements(manifest, req, "3.12", "x86_64", "2.36")
     assert other["offline"] is False
     assert "for python 3.11 x86_64, not for this node's python 3.12 x86_64" in other["warning"]
+    assert 'fix: make wheelhouse INV=<your inventory> (or PYTHONS="3.12")' in other["warning"]
     old = wh.select_requirements(manifest, req, "3.11", "x86_64", "2.17")  # numpy needs glibc 2.27
     assert old["offline"] is False and NUMPY in old["warning"] and SIX not in old["warning"]
 
@@ -89,13 +90,14 @@ def test_the_manifest_keeps_other_pythons_only_for_the_same_file(tmp_path):
     assert untouched["requirements"]["sha256"] == "b" * 64
 
 
-def test_torch_select_leaves_the_requirement_wheels_out_once_recorded():
-    files = [{"file": n, "size": 1, "sha256": "0" * 64}
-             for n in ("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", SIX)]
+def test_torch_select_leaves_out_the_wheels_only_the_requirements_took():
+    torch = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    files = [{"file": n, "size": 1, "sha256": "0" * 64} for n in (torch, NUMPY, SIX)]
     manifest = {"torch": "2.13.0", "files": files}
-    assert len(wh.select(manifest, "3.11", "x86_64", "2.36")["files"]) == 2  # an older manifest: all that fit
-    manifest["torch_wheels"] = {"3.11 x86_64": [files[0]["file"]]}
-    assert [f["file"] for f in wh.select(manifest, "3.11", "x86_64", "2.36")["files"]] == [files[0]["file"]]
+    assert len(wh.select(manifest, "3.11", "x86_64", "2.36")["files"]) == 3  # no record: all that fit
+    manifest["requirements"] = {"wheels": {"3.11 x86_64": [NUMPY, SIX]}}
+    manifest["torch_wheels"] = {"3.11 x86_64": [torch, NUMPY]}  # numpy: both downloads took it
+    assert [f["file"] for f in wh.select(manifest, "3.11", "x86_64", "2.36")["files"]] == [torch, NUMPY]
 
 
 @pytest.mark.slow  # real pip / ansible runs
