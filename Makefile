@@ -42,7 +42,7 @@ test-fast: setup  ## Tests without the slow and simlan markers
 data: setup  ## Generate the default deterministic corpus as parquet shards
 	$(BIN)/python -m trainer.data prepare --out $(DATA)
 
-wheelhouse: setup  ## The pinned CPU torch + deps, once, for the nodes' Pythons (PYTHONS="3.11 3.12", INV=inventory/<yours>)
+wheelhouse: setup  ## The pinned CPU torch + deps and your requirements' wheels, once, for the nodes' Pythons (PYTHONS="3.11 3.12", INV=inventory/<yours>)
 	$(BIN)/python -m ddplab.wheelhouse fill --dir $(WHEELHOUSE) $(foreach p,$(PYTHONS),--python $(p)) $(if $(INV),-i $(INV))
 
 tune: setup  ## tokens/s of 1 node x 1 process, 1 node x N processes and all nodes (INV=inventory/<yours>)

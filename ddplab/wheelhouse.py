@@ -1,15 +1,22 @@
-"""The control host's wheelhouse: the pinned CPU torch and its dependencies, downloaded once, pushed to the
-nodes over the LAN and installed offline there (`pip install --no-index --find-links`).
+"""The control host's wheelhouse: the pinned CPU torch and its dependencies, and the wheels of the user's
+requirements file, downloaded once, pushed to the nodes over the LAN and installed offline there
+(`pip install --no-index --find-links`).
 
-    python -m ddplab.wheelhouse fill --dir wheelhouse [--python 3.11 ...] [-i INVENTORY]
-    python -m ddplab.wheelhouse select --dir wheelhouse --python 3.11 --machine x86_64 --glibc 2.36
+    python -m ddplab.wheelhouse fill --dir wheelhouse [--python 3.11 ...] [-i INVENTORY] [--requirements FILE]
+    python -m ddplab.wheelhouse select --dir wheelhouse --python 3.11 --machine x86_64 --glibc 2.36 \
+        [--requirements FILE --installed-on-stdin]
 
 `fill` downloads, for each Python version (the control host's, those given with --python, and those found
 on the nodes of -i INVENTORY), `torch==<version>+cpu` (a CPU build only: a torch without the `+cpu` local
-part is a multi-GB CUDA build), numpy, pyarrow and torch's own dependencies, then writes manifest.json
-(file, size, sha256). `select` prints, as JSON, the files of the manifest a node can install (by its
-Python version, machine and glibc), their total size and the torch wheel among them; prepare pushes
-those (only what changed) and installs them offline.
+part is a multi-GB CUDA build), numpy, pyarrow and torch's own dependencies; then, for the requirements file
+(--requirements, else the inventory's ddplab_code_dir/ddplab_pip_requirements; a line asking for another
+torch is refused first), its wheels with that torch as a constraint (ddplab/wheel_download.py). It writes
+manifest.json: every wheel (file, size, sha256), the torch wheels per Python (`torch_wheels`) and the
+requirements record (file, sha256, torch, wheels per Python). `select` prints, as JSON, the torch wheels a
+node can install (by its Python version, machine and glibc), their total size and the torch wheel among
+them; with --requirements, the requirement wheels it installs offline, or `offline: false` (pip reads the
+index as without a wheelhouse) and a warning with the fix when the file changed since the fill or the node's
+Python was not filled. prepare pushes those (only what the node lacks) and installs them offline.
 """
 
 from __future__ import annotations
@@ -24,7 +31,17 @@ import sys
 from pathlib import Path
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from ddplab.check_requirements import problems as torch_problems
+from ddplab.wheel_download import (
+    WheelhouseError,
+    download_requirements,
+    download_torch,
+    linux_platforms,
+    python_tag,
+)
 
 MANIFEST = "manifest.json"
 DEFAULT_TORCH = "2.13.0"
@@ -34,34 +51,6 @@ DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 DEFAULT_GLIBC = "2.28"  # torch 2.13's Linux wheels are manylinux_2_28: the oldest glibc they run on
 PROBE = ("import platform, sys; "
          "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1])")
-
-
-class WheelhouseError(Exception):
-    """Bad input or a failed download; the message is the whole story."""
-
-
-def python_tag(version: str) -> tuple[int, int]:
-    m = re.fullmatch(r"3\.(\d{1,2})", version.strip())
-    if not m:
-        raise WheelhouseError(f"python version '{version}' is not usable; allowed: 3.N such as 3.11; "
-                              "fix: pass --python 3.11")
-    return 3, int(m.group(1))
-
-
-def linux_platforms(machine: str, glibc: str) -> list[str]:
-    """Platform tags a Linux node with this machine and glibc installs, newest first (PEP 600 + aliases)."""
-    m = re.fullmatch(r"2\.(\d+)", glibc.strip())
-    if not m:
-        raise WheelhouseError(f"glibc version '{glibc}' is not usable; allowed: 2.N such as 2.36; "
-                              "fix: a glibc-based Linux (Debian, Ubuntu, Fedora), not musl (Alpine)")
-    minor = int(m.group(1))
-    aliases = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-    plats = []
-    for v in range(minor, 4, -1):
-        plats.append(f"manylinux_2_{v}_{machine}")
-        if v in aliases:
-            plats.append(f"{aliases[v]}_{machine}")
-    return plats + [f"linux_{machine}"]
 
 
 def node_tags(python: str, machine: str, glibc: str) -> set[Tag]:
@@ -80,13 +69,71 @@ def wheel_fits(filename: str, tags: set[Tag]) -> bool:
     return not wheel_tags.isdisjoint(tags)
 
 
+def target(python: str, machine: str) -> str:
+    """The manifest's key for the wheels one node Python takes: "3.11 x86_64"."""
+    return f"{python} {machine}"
+
+
 def select(manifest: dict, python: str, machine: str, glibc: str) -> dict:
-    """The manifest's files this node installs, their total size and the torch wheel among them."""
+    """The torch wheels this node installs (those of the manifest that fit it, less the wheels only the
+    requirements' downloads took), their total size and the torch wheel among them."""
     tags = node_tags(python, machine, glibc)
-    files = [f for f in manifest["files"] if wheel_fits(f["file"], tags)]
+    theirs = {n for names in manifest.get("requirements", {}).get("wheels", {}).values() for n in names}
+    ours = {n for names in manifest.get("torch_wheels", {}).values() for n in names}
+    files = [f for f in manifest["files"] if wheel_fits(f["file"], tags) and f["file"] not in theirs - ours]
     torch = next((f["file"] for f in files if f["file"].startswith("torch-")), None)
     return {"files": files, "bytes": sum(f["size"] for f in files), "torch": torch,
             "python": python, "machine": machine, "glibc": glibc}
+
+
+def installed_already(filename: str, installed: set[tuple[str, str]]) -> bool:
+    """The node's Python has this wheel's project at this very version (its pip would keep it)."""
+    name, version, _, _ = parse_wheel_filename(filename)
+    return (canonicalize_name(name), str(version)) in installed
+
+
+def select_requirements(manifest: dict, requirements: Path, python: str, machine: str, glibc: str,
+                        installed: set[tuple[str, str]] = frozenset()) -> dict:
+    """The wheels this node installs the requirements file from, offline, less those it has installed at that
+    version already (`installed`: (canonical name, version)). `offline` false: pip reads the index as without
+    a wheelhouse; `warning` then says why when the wheelhouse has requirement wheels that do not serve this
+    file or this node (changed file, another Python), with the fix."""
+    out = {"files": [], "bytes": 0, "python": python, "machine": machine, "glibc": glibc,
+           "offline": False, "warning": ""}
+    record = manifest.get("requirements")
+    if not record:
+        return out
+    index = ("so pip reads the package index on this node (a node without a route to it fails there); "
+             "fix: make wheelhouse INV=<your inventory>")
+    other_python = index + f' (or PYTHONS="{python}")'
+    if sha256(requirements) != record["sha256"]:
+        return {**out, "warning": f"{requirements} changed since make wheelhouse downloaded its wheels (for "
+                                  f"{record['file']}, sha256 {record['sha256'][:12]}), {index}"}
+    names = record["wheels"].get(target(python, machine))
+    if names is None:
+        return {**out, "warning": f"the wheelhouse has the wheels of {requirements} for python "
+                                  f"{', '.join(sorted(record['wheels']))}, not for this node's python "
+                                  f"{target(python, machine)}, {other_python}"}
+    by_name = {f["file"]: f for f in manifest["files"]}
+    tags = node_tags(python, machine, glibc)
+    unusable = [n for n in names if n not in by_name or not wheel_fits(n, tags)]
+    if unusable:
+        return {**out, "warning": f"the wheelhouse's wheels of {requirements} for python "
+                                  f"{target(python, machine)} lack or do not fit this node (glibc {glibc}): "
+                                  f"{', '.join(unusable)}, {index}"}
+    files = [by_name[n] for n in names if not installed_already(n, installed)]
+    return {**out, "files": files, "bytes": sum(f["size"] for f in files), "offline": True}
+
+
+def node_installed(text: str) -> set[tuple[str, str]]:
+    """(canonical name, normalized version) of the node's distributions, from site_probe's `installed`."""
+    out = set()
+    for name, version in json.loads(text or "[]"):
+        try:
+            out.add((canonicalize_name(name), str(Version(version))))
+        except InvalidVersion:
+            continue
+    return out
 
 
 def sha256(path: Path) -> str:
@@ -97,19 +144,66 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(folder: Path, torch: str) -> dict:
-    """manifest.json lists every wheel of the folder; sha256 is reused for files already listed."""
+def merged_requirements(old: dict | None, new: dict | None) -> dict | None:
+    """The requirements record after a fill: the new downloads, plus the old ones for other Pythons when they
+    were made for the same file content and torch."""
+    if new is None:
+        return old
+    if old and (old["sha256"], old["torch"]) == (new["sha256"], new["torch"]):
+        return {**new, "wheels": {**old["wheels"], **new["wheels"]}}
+    return new
+
+
+def write_manifest(folder: Path, torch: str, torch_wheels: dict[str, list[str]] | None = None,
+                   requirements: dict | None = None) -> dict:
+    """manifest.json lists every wheel of the folder (sha256 reused for files already listed), the torch
+    wheels each Python's download took (`torch_wheels`) and, once a requirements file was filled, what
+    for: `requirements` {file, sha256, torch, wheels: {"3.11 x86_64": [...]}}."""
     old_path = folder / MANIFEST
-    old = {f["file"]: f for f in json.loads(old_path.read_text())["files"]} if old_path.exists() else {}
+    old = json.loads(old_path.read_text()) if old_path.exists() else {}
+    known = {f["file"]: f for f in old.get("files", [])}
     files = []
     for p in sorted(folder.glob("*.whl")):
         size = p.stat().st_size
-        prior = old.get(p.name)
+        prior = known.get(p.name)
         digest = prior["sha256"] if prior and prior["size"] == size else sha256(p)
         files.append({"file": p.name, "size": size, "sha256": digest})
-    manifest = {"torch": torch, "files": files}
+    manifest: dict = {"torch": torch, "files": files}
+    if torch_wheels is not None:
+        kept = old.get("torch_wheels", {}) if old.get("torch") == torch else {}
+        manifest["torch_wheels"] = {**kept, **torch_wheels}
+    reqs = merged_requirements(old.get("requirements"), requirements)
+    if reqs:
+        manifest["requirements"] = reqs
     old_path.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def ansible_value(inventory: str, ansible: str, expression: str):
+    """A Jinja expression over the first node's variables, templated as a playbook would (no connection)."""
+    argv = [ansible, "-i", inventory, "ddplab_nodes[0]", "-o", "-m", "ansible.builtin.debug",
+            "-a", f"msg={{{{ ({expression}) | to_json }}}}"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    m = re.search(r"=> (\{.*\})\s*$", out.stdout, re.M)
+    if out.returncode != 0 or not m:
+        raise WheelhouseError(f"{inventory}: could not read {expression} from the inventory "
+                              f"({(out.stdout + out.stderr).strip().splitlines()[-1:]}); fix the inventory "
+                              "or pass --requirements FILE")
+    return json.loads(json.loads(m.group(1))["msg"])
+
+
+def inventory_requirements(inventory: str, ansible: str) -> Path | None:
+    """The control host's copy of the inventory's ddplab_pip_requirements (in ddplab_code_dir), or None."""
+    code, req = ansible_value(inventory, ansible,
+                              "[ddplab_code_dir | default(''), ddplab_pip_requirements | default('')]")
+    if not req:
+        return None
+    path = Path(code or ".") / req
+    if not code or not path.is_file():
+        raise WheelhouseError(f"{inventory}: ddplab_pip_requirements {req} is not a file of ddplab_code_dir "
+                              f"{code or '(empty)'} on this host; fix the two settings, or pass "
+                              "--requirements FILE")
+    return path
 
 
 def node_pythons(inventory: str, ansible: str) -> set[tuple[str, str, str]]:
@@ -131,45 +225,56 @@ def node_pythons(inventory: str, ansible: str) -> set[tuple[str, str, str]]:
     return found
 
 
-def download(folder: Path, python: str, machine: str, glibc: str, torch: str, packages: list[str],
-             torch_index: str) -> None:
-    major, minor = python_tag(python)
-    argv = [sys.executable, "-m", "pip", "download", "--dest", str(folder), "--only-binary=:all:",
-            "--implementation", "cp", "--python-version", f"{major}.{minor}", "--abi", f"cp{major}{minor}",
-            "--progress-bar", "off", "--retries", "2"]
-    for plat in linux_platforms(machine, glibc):
-        argv += ["--platform", plat]
-    if torch_index:
-        argv += ["--extra-index-url", torch_index]
-    argv += [f"torch=={torch}+cpu", *packages]
-    print(f"ddplab: wheelhouse: python {python} {machine} (glibc >= {glibc}): "
-          f"pip download torch=={torch}+cpu {' '.join(packages)}", flush=True)
-    done = subprocess.run(argv, text=True, check=False)
-    if done.returncode != 0:
-        raise WheelhouseError(f"{folder}: pip download for python {python} {machine} failed (exit "
-                              f"{done.returncode}, its messages above); a CPU torch {torch} for that Python "
-                              f"must be reachable; fix: check the network or --torch-index "
-                              f"({torch_index or 'none'})")
+def requirements_file(args: argparse.Namespace) -> Path | None:
+    """--requirements FILE, else the inventory's; a line asking for another torch is refused here too."""
+    if args.requirements:
+        path = Path(args.requirements)
+        if not path.is_file():
+            raise WheelhouseError(f"--requirements {path}: no such file; fix: name your requirements file")
+    elif args.inventory:
+        path = inventory_requirements(args.inventory, args.ansible)
+    else:
+        return None
+    if path is not None:
+        found = torch_problems(str(path), args.torch, set())
+        if found:
+            raise WheelhouseError(found[0])
+    return path.resolve() if path else None
 
 
 def fill(args: argparse.Namespace) -> int:
-    folder = Path(args.dir)
+    folder = Path(args.dir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
+    requirements = requirements_file(args)
     here = (f"{sys.version_info[0]}.{sys.version_info[1]}", platform.machine(), DEFAULT_GLIBC)
     targets = {here} | {(p, args.machine or here[1], DEFAULT_GLIBC) for p in args.python}
     if args.inventory:
         targets |= {(py, m, DEFAULT_GLIBC) for py, m, _ in node_pythons(args.inventory, args.ansible)}
+    torch_wheels, req_wheels = {}, {}
     for python, machine, glibc in sorted(targets):
-        download(folder, python, machine, glibc, args.torch, args.package, args.torch_index)
-    manifest = write_manifest(folder, args.torch)
+        torch_wheels[target(python, machine)] = download_torch(folder, python, machine, glibc, args.torch,
+                                                               args.package, args.torch_index)
+        if requirements:
+            req_wheels[target(python, machine)] = download_requirements(
+                folder, requirements, python, machine, glibc, args.torch, args.torch_index)
+    record = ({"file": str(requirements), "sha256": sha256(requirements), "torch": args.torch,
+               "wheels": req_wheels} if requirements else None)
+    manifest = write_manifest(folder, args.torch, torch_wheels, record)
     total = sum(f["size"] for f in manifest["files"])
     print(f"ddplab: wheelhouse: {folder}: {len(manifest['files'])} wheels, {total / 1e6:.0f} MB, for "
-          f"{', '.join(f'python {p} {m}' for p, m, _ in sorted(targets))}")
+          f"{', '.join(f'python {p} {m}' for p, m, _ in sorted(targets))}"
+          + (f"; {requirements}: {len(set().union(*req_wheels.values()))} wheels" if requirements else ""))
     return 0
 
 
 def select_cmd(args: argparse.Namespace) -> int:
     path = Path(args.dir) / MANIFEST
+    if args.requirements:  # no wheelhouse: the requirements come from the index, as without one
+        manifest = json.loads(path.read_text()) if path.exists() else {}
+        installed = node_installed(sys.stdin.read()) if args.installed_on_stdin else set()
+        print(json.dumps(select_requirements(manifest, Path(args.requirements), args.python, args.machine,
+                                             args.glibc, installed)))
+        return 0
     if not path.exists():
         raise WheelhouseError(f"{path}: not found; the wheelhouse holds the torch every node installs; "
                               "fix: make wheelhouse")
@@ -184,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--dir", required=True, help="the wheelhouse folder (ddplab_wheelhouse_dir)")
     f.add_argument("--python", action="append", default=[], help="a node Python version, e.g. 3.11 (repeat)")
     f.add_argument("--machine", default="", help="node machine for --python (default: this host's)")
-    f.add_argument("-i", "--inventory", default="", help="read the nodes' Pythons from it")
+    f.add_argument("-i", "--inventory", default="", help="read the nodes' Pythons and requirements from it")
+    f.add_argument("--requirements", default="", help="a requirements file (default: the inventory's "
+                   "ddplab_code_dir/ddplab_pip_requirements)")
     f.add_argument("--ansible", default=str(Path(sys.executable).with_name("ansible")), help="ansible")
     f.add_argument("--torch", default=DEFAULT_TORCH, help="torch version (its +cpu build)")
     f.add_argument("--package", action="append", default=list(DEFAULT_PACKAGES), help="another package")
@@ -194,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--python", required=True)
     s.add_argument("--machine", required=True)
     s.add_argument("--glibc", required=True)
+    s.add_argument("--requirements", default="", help="the wheels of this requirements file, not torch's")
+    s.add_argument("--installed-on-stdin", action="store_true",
+                   help="stdin: JSON [[name, version], ...] the node has (nodeprobe/site_probe.py)")
     args = ap.parse_args(argv)
     try:
         return fill(args) if args.cmd == "fill" else select_cmd(args)

@@ -102,8 +102,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Control-side folder where runs are collected (runs/<run_id>/)."),
     Setting("ddplab_wheelhouse_dir", "str", "{{ ddplab_repo_dir }}/wheelhouse",
             "Control-side wheel folder (`make wheelhouse` fills it: the pinned CPU torch and its "
-            "dependencies); pushed to a node that needs a venv and installed offline. Missing: pip "
-            "uses the index."),
+            "dependencies, and the wheels of ddplab_pip_requirements); what a node lacks is pushed and "
+            "installed offline. Missing: pip uses the index."),
     Setting("ddplab_trainer_steps", "int", 50, "Built-in trainer: optimizer steps (--steps).", min=1),
     Setting("ddplab_trainer_depth", "int", 2, "Built-in trainer: transformer blocks (--depth).", min=1),
     Setting("ddplab_trainer_extra_args", "list", [],

@@ -8,17 +8,21 @@ ranks-per-node test discards the cluster at its end.
 """
 
 import json
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.playbooks import playbook, tail
+from tests.helpers.playbooks import playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
+WHEELS = "/root/ddplab/wheelhouse"  # the node's copy of the wheels it installs
 COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 30}
 HOSTS = ("node0", "node1")
 
@@ -149,12 +153,28 @@ def test_requirements_asking_for_another_torch_are_refused(simlan2, lab, seed_ru
         assert simlan2.exec(host, ["test", "-e", "/root/ddplab/venv-code"], timeout=30).returncode != 0
 
 
+def fill_requirements(code: Path, wheelhouse: Path) -> subprocess.CompletedProcess:
+    """What `make wheelhouse` runs, with the requirements file named (the test's lab passes its code dir
+    with -e, not in the inventory)."""
+    argv = [sys.executable, "-m", "ddplab.wheelhouse", "fill", "--dir", str(wheelhouse), "--python", "3.11",
+            "--requirements", str(code / "requirements.txt")]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
 def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_cluster):
+    """Also: the requirements travel in the wheelhouse. six is in no Python of the nodes and they have no
+    route to a package index, so the install can only come from the pushed wheels."""
     try:
         code = tmp_path / "code"
         shutil.copytree(FIXTURES / "rank_probe", code)
+        with (code / "requirements.txt").open("a") as f:
+            f.write("six==1.17.0\n")
+        wheelhouse = tmp_path / "wheelhouse"
+        filled = fill_requirements(code, wheelhouse)
+        assert filled.returncode == 0, tail(filled)
         extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-nproc", "ddplab_code_dir": code,
-                 "ddplab_nproc_per_node": 2, "ddplab_pip_requirements": "requirements.txt"}
+                 "ddplab_nproc_per_node": 2, "ddplab_pip_requirements": "requirements.txt",
+                 "ddplab_wheelhouse_dir": wheelhouse}
         # values with spaces go as JSON (-e k=v splits on spaces)
         more = {"ddplab_entrypoint": "-m probe", "ddplab_entrypoint_args": ["--tag", "two words"],
                 "ddplab_collect_globs": ["out/*.txt"]}
@@ -172,6 +192,36 @@ def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_
             # the ranks ran in the code venv layered on the pinned Python, torch untouched
             assert node_python(simlan2, host) == "/root/ddplab/venv-code/bin/python"
             assert torch_version(simlan2, host, "/root/ddplab/venv-code/bin/python") == "2.13.0"
+            # six came from the pushed wheel: the node resolves no index host
+            assert simlan2.exec(host, ["getent", "hosts", "pypi.org"], timeout=30).returncode != 0
+            six = simlan2.exec(host, ["/root/ddplab/venv-code/bin/python", "-c",
+                                      "import six, sys; print(six.__version__, six.__file__)"], timeout=60)
+            assert six.stdout.startswith("1.17.0 /root/ddplab/venv-code/"), six.stdout + six.stderr
+            pushed = simlan2.exec(host, ["ls", WHEELS], timeout=30, check=True).stdout.split()
+            assert "six-1.17.0-py2.py3-none-any.whl" in pushed
+            assert not any(w.startswith("torch-") for w in pushed)  # the node's Python has the pin
+            assert re.search(rf"{host}: pushing \d+ wheel\(s\), .* requirements.txt\) to {WHEELS}",
+                             proc.stdout)
+        assert "Install the requirements offline" in proc.stdout
         assert json.loads((run / "summary.json").read_text())["all_exited_zero"] is True
+
+        prep = {k: v for k, v in extra.items() if k not in ("ddplab_wait", "ddplab_run_id")}
+        again = playbook("prepare.yml", "-e", json.dumps(more), inventory=simlan2.inventory_dir, timeout=300,
+                         extra=prep)
+        assert again.returncode == 0, tail(again)
+        assert {h: r["changed"] for h, r in recap(again).items()} == {"node0": 0, "node1": 0}, tail(again)
+        assert "pushing 0 wheel(s)" in again.stdout
+        check = playbook("prepare.yml", "--check", "--diff", "-e", json.dumps(more),
+                         inventory=simlan2.inventory_dir, timeout=300, extra=prep)
+        assert check.returncode == 0 and all(r["changed"] == 0 for r in recap(check).values()), tail(check)
+
+        # a file changed since the fill: said, with the fix; pip reads the index (all is installed already)
+        with (code / "requirements.txt").open("a") as f:
+            f.write("# pinned\n")
+        changed = playbook("prepare.yml", "-e", json.dumps(more), inventory=simlan2.inventory_dir,
+                           timeout=300, extra=prep)
+        assert changed.returncode == 0, tail(changed)
+        assert "requirements.txt changed since make wheelhouse" in changed.stdout, tail(changed)
+        assert "fix: make wheelhouse INV=<your inventory>" in changed.stdout
     finally:
         simlan_cluster.discard()  # ufw enabled, lab folders written: the next module gets fresh hosts

@@ -1,0 +1,183 @@
+"""The user's requirements in the wheelhouse (ddplab/wheelhouse.py, ddplab/wheel_download.py): the record of
+what they were downloaded for, which wheels a node takes, a changed file noticed, and real `pip download` /
+`pip wheel` runs of tiny packages (PyPI is reachable from this machine)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ddplab import wheelhouse as wh
+from ddplab.wheel_download import WheelhouseError, download_requirements
+
+REPO = Path(__file__).resolve().parents[2]
+SIX = "six-1.17.0-py2.py3-none-any.whl"
+NUMPY = "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
+NUMPY_312 = "numpy-2.4.6-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
+
+
+def filled(tmp_path: Path, text: str = "six\nnumpy\n") -> tuple[Path, dict]:
+    """A requirements file and a manifest recording its wheels for python 3.11 x86_64."""
+    req = tmp_path / "requirements.txt"
+    req.write_text(text)
+    files = [{"file": f, "size": 100 + i, "sha256": "0" * 64} for i, f in enumerate((SIX, NUMPY, NUMPY_312))]
+    record = {"file": str(req), "sha256": wh.sha256(req), "torch": "2.13.0",
+              "wheels": {"3.11 x86_64": [SIX, NUMPY]}}
+    return req, {"torch": "2.13.0", "files": files, "requirements": record}
+
+
+def test_a_node_takes_the_recorded_wheels_of_its_python_offline(tmp_path):
+    req, manifest = filled(tmp_path)
+    sel = wh.select_requirements(manifest, req, "3.11", "x86_64", "2.36")
+    assert sel["offline"] is True and sel["warning"] == ""
+    assert [f["file"] for f in sel["files"]] == [SIX, NUMPY] and sel["bytes"] == 100 + 101
+
+
+def test_a_wheel_the_node_has_at_that_version_does_not_travel(tmp_path):
+    req, manifest = filled(tmp_path)
+    have = wh.node_installed(json.dumps([["NumPy", "2.4.6"], ["six", "1.16.0"]]))
+    sel = wh.select_requirements(manifest, req, "3.11", "x86_64", "2.36", have)
+    assert [f["file"] for f in sel["files"]] == [SIX] and sel["offline"] is True
+
+
+def test_a_changed_file_goes_to_the_index_with_the_fix(tmp_path):
+    req, manifest = filled(tmp_path)
+    req.write_text("six\nnumpy\nrequests\n")
+    sel = wh.select_requirements(manifest, req, "3.11", "x86_64", "2.36")
+    assert sel["offline"] is False and sel["files"] == []
+    assert f"{req} changed since make wheelhouse" in sel["warning"]
+    assert "fix: make wheelhouse INV=<your inventory>" in sel["warning"]
+
+
+def test_another_python_or_an_old_glibc_goes_to_the_index_with_the_fix(tmp_path):
+    req, manifest = filled(tmp_path)
+    other = wh.select_requirements(manifest, req, "3.12", "x86_64", "2.36")
+    assert other["offline"] is False
+    assert "for python 3.11 x86_64, not for this node's python 3.12 x86_64" in other["warning"]
+    assert 'fix: make wheelhouse INV=<your inventory> (or PYTHONS="3.12")' in other["warning"]
+    old = wh.select_requirements(manifest, req, "3.11", "x86_64", "2.17")  # numpy needs glibc 2.27
+    assert old["offline"] is False and NUMPY in old["warning"] and SIX not in old["warning"]
+
+
+def test_no_wheelhouse_or_no_requirement_wheels_keep_the_index_quietly(tmp_path):
+    req, manifest = filled(tmp_path)
+    del manifest["requirements"]
+    sel = wh.select_requirements(manifest, req, "3.11", "x86_64", "2.36")
+    assert (sel["offline"], sel["warning"]) == (False, "")
+    argv = [sys.executable, "-m", "ddplab.wheelhouse", "select", "--dir", str(tmp_path / "none"), "--python",
+            "3.11", "--machine", "x86_64", "--glibc", "2.36", "--requirements", str(req)]
+    rc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert rc.returncode == 0 and json.loads(rc.stdout)["offline"] is False, rc.stderr
+
+
+def test_the_manifest_keeps_other_pythons_only_for_the_same_file(tmp_path):
+    (tmp_path / SIX).write_bytes(b"six")
+    first = {"file": "r.txt", "sha256": "a" * 64, "torch": "2.13.0", "wheels": {"3.11 x86_64": [SIX]}}
+    wh.write_manifest(tmp_path, "2.13.0", {"3.11 x86_64": []}, first)
+    same = {**first, "wheels": {"3.12 x86_64": [SIX]}}
+    kept = wh.write_manifest(tmp_path, "2.13.0", {"3.12 x86_64": []}, same)
+    assert kept["requirements"]["wheels"] == {"3.11 x86_64": [SIX], "3.12 x86_64": [SIX]}
+    assert kept["torch_wheels"] == {"3.11 x86_64": [], "3.12 x86_64": []}
+    changed = {**same, "sha256": "b" * 64}
+    assert wh.write_manifest(tmp_path, "2.13.0", {}, changed)["requirements"]["wheels"] == same["wheels"]
+    untouched = wh.write_manifest(tmp_path, "2.13.0")  # a fill without requirements keeps the record
+    assert untouched["requirements"]["sha256"] == "b" * 64
+
+
+def test_torch_select_leaves_out_the_wheels_only_the_requirements_took():
+    torch = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    files = [{"file": n, "size": 1, "sha256": "0" * 64} for n in (torch, NUMPY, SIX)]
+    manifest = {"torch": "2.13.0", "files": files}
+    assert len(wh.select(manifest, "3.11", "x86_64", "2.36")["files"]) == 3  # no record: all that fit
+    manifest["requirements"] = {"wheels": {"3.11 x86_64": [NUMPY, SIX]}}
+    manifest["torch_wheels"] = {"3.11 x86_64": [torch, NUMPY]}  # numpy: both downloads took it
+    assert [f["file"] for f in wh.select(manifest, "3.11", "x86_64", "2.36")["files"]] == [torch, NUMPY]
+
+
+@pytest.mark.slow  # real pip / ansible runs
+def test_pip_downloads_a_tiny_requirement_for_the_node_python(tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("six==1.17.0\n")
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    assert download_requirements(folder, req, "3.12", "x86_64", "2.28", "2.13.0", "") == [SIX]
+    assert (folder / SIX).is_file()
+    # a second fill finds the wheel in place and records it again
+    assert download_requirements(folder, req, "3.12", "x86_64", "2.28", "2.13.0", "") == [SIX]
+
+
+def sdist(folder: Path, name: str, body: str) -> Path:
+    """A source-only release of a one-module project (setuptools builds it)."""
+    folder.mkdir(exist_ok=True)
+    base = f"{name.replace('-', '_')}-1.0"
+    files = {"pyproject.toml": f'[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                               f'"setuptools.build_meta"\n[project]\nname = "{name}"\nversion = "1.0"\n'
+                               f'[tool.setuptools]\npy-modules = ["{name.replace("-", "_")}"]\n',
+             f"{name.replace('-', '_')}.py": body,
+             "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"}
+    out = folder / f"{base}.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{base}/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+@pytest.mark.slow  # real pip / ansible runs
+def test_a_source_only_package_is_built_into_a_wheel_on_the_control_host(tmp_path):
+    sdist(tmp_path / "sdists", "ddplab-sdist-probe", "VALUE = 7\n")
+    req = tmp_path / "requirements.txt"
+    req.write_text("--find-links sdists\nddplab-sdist-probe==1.0\n")
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    wheels = download_requirements(folder, req, "3.11", "x86_64", "2.28", "2.13.0", "")
+    assert wheels == ["ddplab_sdist_probe-1.0-py3-none-any.whl"] and (folder / wheels[0]).is_file()
+    assert not list(folder.glob(".build-*"))  # the build folder is gone
+
+
+@pytest.mark.slow  # real pip / ansible runs
+def test_a_package_that_cannot_be_built_is_named_with_the_fix(tmp_path):
+    broken = sdist(tmp_path / "sdists", "ddplab-broken-probe", "VALUE = 7\n")
+    broken.write_bytes(b"not a tarball")
+    req = tmp_path / "requirements.txt"
+    req.write_text("--find-links sdists\nddplab-broken-probe==1.0\n")
+    (tmp_path / "wheelhouse").mkdir()
+    with pytest.raises(WheelhouseError) as e:
+        download_requirements(tmp_path / "wheelhouse", req, "3.11", "x86_64", "2.28", "2.13.0", "")
+    msg = str(e.value)
+    assert "ddplab-broken-probe==1.0 has no wheel for python 3.11 x86_64" in msg and "fix:" in msg
+
+
+def test_fill_refuses_a_requirement_on_another_torch_before_downloading(tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("six\ntorch==2.1.0\n")
+    proc = subprocess.run([sys.executable, "-m", "ddplab.wheelhouse", "fill", "--dir", str(tmp_path / "wh"),
+                           "--requirements", str(req)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"ddplab: error: {req} line 2 asks for torch==2.1.0")
+    assert not (tmp_path / "wh" / wh.MANIFEST).exists() and not list((tmp_path / "wh").glob("*.whl"))
+
+
+@pytest.mark.slow  # real pip / ansible runs
+def test_the_inventory_names_the_requirements_file(tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "requirements.txt").write_text("six\n")
+    inv = tmp_path / "inv"
+    (inv / "group_vars" / "all").mkdir(parents=True)
+    (inv / "hosts.yml").write_text("ddplab_nodes:\n  hosts:\n    n0: {ansible_host: 192.0.2.10}\n")
+    (inv / "group_vars" / "all" / "ddplab.yml").write_text(
+        'ddplab_code_dir: "{{ inventory_dir }}/../code"\nddplab_pip_requirements: requirements.txt\n')
+    ansible = str(Path(sys.executable).with_name("ansible"))
+    assert wh.inventory_requirements(str(inv), ansible).resolve() == code / "requirements.txt"
+    (code / "requirements.txt").unlink()
+    with pytest.raises(WheelhouseError, match="requirements.txt is not a file of ddplab_code_dir"):
+        wh.inventory_requirements(str(inv), ansible)
