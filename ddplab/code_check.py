@@ -5,7 +5,9 @@ A static scan (Python `ast`; nothing is imported or run) of the entry point (`tr
 `from . import y`, followed transitively). The patterns are in ddplab/cpu_patterns.py. A finding is an
 *error* when it certainly fails or makes the run not a DDP run, in code reached from the entry point (module
 top levels, and the functions and classes they name, transitively); the same pattern in code not seen
-reached is a *warning*, as are the patterns that only may misbehave.
+reached is a *warning*, as are the patterns that only may misbehave. The `if __name__ == "__main__":` block
+of a module the entry point imports never runs (nanochat's engine.py times its self-test there with
+torch.cuda.synchronize()): it is code not reached.
 Output: one line per finding (`ddplab: error: train.py:112: ...; why; patch: ...`), errors first, then a
 summary line. Exit 0: no error (warnings allowed); 1: errors (playbooks/prepare.yml refuses the launch);
 2: bad input.
@@ -44,6 +46,7 @@ class Program:
         self.modules: dict[str, Module] = {}
         self.broken: list[Finding] = []
         self.queue: list[tuple[str, Path]] = []
+        self.entry = ""  # the module Python runs as __main__ ("__main__" for a script, the -m name)
 
     def find(self, name: str) -> Path | None:
         rel = Path(*name.split("."))
@@ -64,6 +67,7 @@ class Program:
         return bool(name) and self.find(name) is not None
 
     def load_all(self, entry_name: str, entry_path: Path) -> None:
+        self.entry = entry_name
         self.queue.append((entry_name, entry_path))
         while self.queue:
             name, path = self.queue.pop(0)
@@ -137,6 +141,25 @@ class Program:
             return self.resolve_in(sub, parts[1:], depth + 1)
         mod = self.modules.get(modname)
         return self.resolve(mod, parts, depth + 1) if mod else None
+
+
+def main_guard(node: ast.stmt) -> bool:
+    """`if __name__ == "__main__":` (either side of the ==)."""
+    test = node.test if isinstance(node, ast.If) else None
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(dotted(s) == "__name__" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+
+
+def top_levels(prog: Program, mod: Module) -> tuple[ast.Module, ast.Module]:
+    """A module's top level as run on import, and its main-guard blocks (run only in the entry module)."""
+    if mod.name == prog.entry:
+        return mod.tree, ast.Module(body=[], type_ignores=[])
+    run = [s for s in mod.tree.body if not main_guard(s)]
+    guarded = [s for s in mod.tree.body if main_guard(s)]
+    return ast.Module(body=run, type_ignores=[]), ast.Module(body=guarded, type_ignores=[])
 
 
 def units_of(mod: Module) -> list[tuple[ast.AST, ast.ClassDef | None]]:
@@ -226,15 +249,18 @@ def judge(prog: Program) -> list[Finding]:
         a.asname for m in prog.modules.values() for n in ast.walk(m.tree) if isinstance(n, ast.ImportFrom)
         for a in n.names if a.name == "DistributedDataParallel" and a.asname}
     units = {}  # id(node) -> (module, node, class, is module top level)
+    tops = []  # the top levels run on import: where reaching starts
     for mod in prog.modules.values():
-        units[id(mod.tree)] = (mod, mod.tree, None, True)
+        run, guarded = top_levels(prog, mod)
+        units[id(run)], units[id(guarded)] = (mod, run, None, True), (mod, guarded, None, True)
+        tops.append(id(run))
         for fn, cls in units_of(mod):
             units[id(fn)] = (mod, fn, cls, False)
     methods: dict[int, list] = {}
     for _mod, node, cls, _top in units.values():
         if cls is not None:
             methods.setdefault(id(cls), []).append(node)
-    reached, todo = set(), [id(m.tree) for m in prog.modules.values()]
+    reached, todo = set(), tops
     while todo:
         key = todo.pop()
         if key in reached:
@@ -254,7 +280,7 @@ def judge(prog: Program) -> list[Finding]:
         config_exec = any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
                           and dotted(n.value.func) == "exec" for n in mod.tree.body)
         if top:
-            stmts, assigns = mod.tree.body, mod_assigns
+            stmts, assigns = node.body, mod_assigns
         else:
             params = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
             stmts, assigns = node.body, {**mod_assigns, **assignments(node, False, params)}
