@@ -104,6 +104,12 @@ def base_dir(tmp_path_factory):
     return base
 
 
+def test_the_skipped_runs_name_what_requirements_txt_installs():
+    lines = [ln for ln in (FIXTURE / "requirements.txt").read_text().splitlines() if ln[:1].isalnum()]
+    names = {re.split(r"[<>=\s#]", ln, maxsplit=1)[0] for ln in lines}
+    assert names == set(DEPS.values())
+
+
 def test_the_cpu_check_names_both_places_and_passes_the_patched_copy(tmp_path):
     code = checkout(tmp_path / "unmodified")
     common, optim = code / "nanochat" / "common.py", code / "nanochat" / "optim.py"
