@@ -244,6 +244,29 @@ def test_a_class_instantiated_from_the_entry_point_reaches_its_methods(tmp_path)
     assert found(r, "error") == {("opt.py", line_of(code / "opt.py", "get_future"), "get-future")}
 
 
+def test_an_imported_modules_main_block_is_not_reached_but_the_entry_points_is(tmp_path):
+    """nanochat's engine.py times its self-test with torch.cuda.synchronize() under `if __name__ ==
+    "__main__":`; base_train imports engine, so that block never runs in training."""
+    main_block = """
+        import torch
+
+        def helper():
+            return 1
+
+        if __name__ == "__main__":
+            torch.cuda.synchronize()
+        """
+    code = write(tmp_path, {"train.py": "import bench\nbench.helper()\n", "bench.py": main_block,
+                            "pkg/__init__.py": "", "pkg/run.py": main_block})
+    line = line_of(code / "bench.py", "synchronize")
+    r = check(str(code), "train.py")
+    assert found(r, "error") == set()
+    assert found(r, "warning") == set()  # it never runs: not even a warning
+    # the module Python runs, as a script or with -m, does run its main block
+    assert found(check(str(code), "bench.py"), "error") == {("bench.py", line, "cuda-call")}
+    assert found(check(str(code), "-m pkg.run"), "error") == {("pkg/run.py", line, "cuda-call")}
+
+
 def test_a_syntax_error_is_an_error_at_its_line(tmp_path):
     code = write(tmp_path, {"train.py": "import helper\n", "helper.py": "x = 1\ndef broken(:\n    pass\n"})
     r = check(str(code), "train.py")
