@@ -127,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(verb, help=f"the launch role's {what}, from a JSON spec on stdin "
                                   "(nodeprobe/start_rank.py)")
 
-    sub.add_parser("code-smoke", help="run the user's entry point as 2 CPU ranks over loopback gloo and judge "
-                                      "it, from a JSON spec on stdin (nodeprobe/code_smoke.py)")
+    sub.add_parser("code-smoke", help="run the user's entry point as 2 CPU ranks over loopback gloo and "
+                                      "judge it, from a JSON spec on stdin (nodeprobe/code_smoke.py)")
 
     sub.add_parser("place-files", help="write small files from a JSON spec on stdin, each only when it "
                                        "differs (nodeprobe/place_files.py)")
@@ -181,7 +181,8 @@ def main(argv=None) -> int:
         except code_smoke.SpecError as e:
             parser.error(str(e))
         except (OSError, RuntimeError) as e:  # one line naming what failed, no traceback
-            print(json.dumps({"probe": args.cmd, "ok": False, "error": f"{type(e).__name__}: {e}"}), flush=True)
+            error = f"{type(e).__name__}: {e}"
+            print(json.dumps({"probe": args.cmd, "ok": False, "error": error}), flush=True)
             return 1
         print(json.dumps(result), flush=True)
         return 0

@@ -23,6 +23,7 @@ cache, code_hash_file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -44,6 +45,8 @@ GRACE_S = 3.0  # after one rank failed, how long the other may take to record it
 POLL_S = 0.2
 CACHE_KEEP = 32
 RANK_SCRIPT = Path(__file__).with_name("smoke_rank.py")
+# the caller's variables the ranks do not inherit (each rank gets its own)
+INHERITED_NOT = ("TMUX", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
 
 
 def entry_argv(entrypoint: str, args: list) -> list[str]:
@@ -82,10 +85,8 @@ def remove_scratch(scratch: Path) -> None:
     if (scratch / MARKER).exists():
         shutil.rmtree(scratch, ignore_errors=True)
     parent = scratch.parent
-    try:
+    with contextlib.suppress(OSError):
         parent.rmdir()  # the run folder, when the smoke run made it and nothing else is in it
-    except OSError:
-        pass
 
 
 def loopback_socket() -> socket.socket:
@@ -96,8 +97,7 @@ def loopback_socket() -> socket.socket:
 
 
 def rank_env(spec: dict, rank: int, port: int, code: Path, run_dir: Path) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TMUX", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")}
+    env = {k: v for k, v in os.environ.items() if k not in INHERITED_NOT}
     threads = str(int(spec.get("threads") or 1))
     env.update({str(k): str(v) for k, v in (spec.get("lab_env") or {}).items()})
     env.update({str(k): str(v) for k, v in (spec.get("user_env") or {}).items()})
@@ -178,10 +178,8 @@ def run_ranks(spec: dict, scratch: Path) -> dict:
                 break
     finally:
         if procs:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(procs[0].pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for p in procs:
             p.wait()
         sock.close()
@@ -199,6 +197,12 @@ def run_ranks(spec: dict, scratch: Path) -> dict:
 def problem(kind: str, what: str, fix: str, rank: int | None = None, where: dict | None = None) -> dict:
     return {"kind": kind, "rank": rank, "what": what, "fix": fix,
             "where": f"{where['file']}:{where['line']}" if where else None}
+
+
+def grouped(rank: dict) -> bool:
+    """The rank made a gloo process group of the smoke run's world size."""
+    init = rank.get("init") or {}
+    return init.get("backend") == "gloo" and init.get("world") == WORLD
 
 
 def judge(run: dict) -> dict:
@@ -226,10 +230,14 @@ def judge(run: dict) -> dict:
             return {"verdict": "inconclusive", "problems": [], "note": (
                 f"no rank made an optimizer step within {run['limit_s']:g} s; nothing was judged "
                 "(raise ddplab_smoke_seconds to let it reach one)")}
+        if all(grouped(r) and max(r.get("ops") or 0, sum((r.get("calls") or {}).values())) for r in ranks):
+            return {"verdict": "pass", "problems": [], "note": (
+                "the ranks exited 0 after collectives on a gloo group of 2 but made no torch.optim step: "
+                "their parameters were not compared")}
         return {"verdict": "fail", "problems": [problem(
-            "no-training", "the ranks exited 0 without an optimizer step (no torch.optim.Optimizer.step ran)",
-            "check the arguments: on CPU the entry point must train (a device flag such as "
-            "--device-type=cpu or --device=cpu, a step count > 0)")]}
+            "no-training", "the ranks exited 0 without an optimizer step (no torch.optim.Optimizer.step ran) "
+            "and without training together", "check the arguments: on CPU the entry point must train (a "
+            "device flag such as --device-type=cpu or --device=cpu, a step count > 0)")]}
     for r in ranks:
         init = r.get("init")
         if init is None:
@@ -264,10 +272,10 @@ def judge(run: dict) -> dict:
                 break
     if problems:
         return {"verdict": "fail", "problems": problems}
-    if len(stepped) < WORLD or min(len(r["steps"]) for r in stepped) < wanted:
-        if run["timed_out"]:
-            return {"verdict": "inconclusive", "problems": [], "note": (
-                f"not every rank made {wanted} optimizer steps within {run['limit_s']:g} s")}
+    short = len(stepped) < WORLD or min(len(r["steps"]) for r in stepped) < wanted
+    if short and run["timed_out"]:
+        return {"verdict": "inconclusive", "problems": [], "note": (
+            f"not every rank made {wanted} optimizer steps within {run['limit_s']:g} s")}
     return {"verdict": "pass", "problems": []}
 
 
@@ -288,7 +296,8 @@ def cache_key(spec: dict) -> str:
     if not code_hash:
         code_hash = hashing.lines_digest(hashing.tree_lines(spec["src"]))
     own = hashlib.sha256(Path(__file__).read_bytes() + RANK_SCRIPT.read_bytes()).hexdigest()
-    parts = {"code": code_hash, "entrypoint": spec["entrypoint"], "args": list(map(str, spec.get("args") or [])),
+    parts = {"code": code_hash, "entrypoint": spec["entrypoint"],
+             "args": list(map(str, spec.get("args") or [])),
              "env": {str(k): str(v) for k, v in (spec.get("user_env") or {}).items()},
              "workdir": spec.get("workdir", "code"), "torch": torch_version(), "python": spec["python"],
              "steps": int(spec.get("steps") or 2), "probe": own}
@@ -323,7 +332,7 @@ def code_smoke(spec: dict) -> dict:
     verdict = judge(run)
     if verdict["verdict"] == "pass" and spec.get("cache"):
         remember(spec["cache"], key)
-    ranks = [{k: r.get(k) for k in ("rank", "init", "ddp", "calls", "returncode", "exit", "done")}
+    ranks = [{k: r.get(k) for k in ("rank", "init", "ddp", "calls", "ops", "returncode", "exit", "done")}
              | {"steps": len(r.get("steps") or []),
                 "ops_before_first_step": (r.get("steps") or [{}])[0].get("ops"),
                 "error": {k: v for k, v in (r.get("error") or {}).items() if k != "traceback"} or None,

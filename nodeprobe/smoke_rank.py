@@ -45,7 +45,7 @@ class Recorder:
         self.lock = threading.Lock()
         self.local = threading.local()
         self.rec = {"rank": int(os.environ.get("RANK", "-1")), "pid": os.getpid(), "start": time.time(),
-                    "init": None, "ddp": 0, "calls": {}, "steps": [], "error": None, "exit": None,
+                    "init": None, "ddp": 0, "calls": {}, "ops": 0, "steps": [], "error": None, "exit": None,
                     "done": False}
         self.write()
 
@@ -81,6 +81,12 @@ class Recorder:
             self.rec["calls"][kind] = self.rec["calls"].get(kind, 0) + 1
             self.write()
 
+    def on_ops(self) -> None:
+        """Keep the groups' count of collectives (before destroy_process_group forgets the groups)."""
+        with self.lock:
+            self.rec["ops"] = max(self.rec["ops"], self.group_ops())
+            self.write()
+
     def on_ddp(self) -> None:
         with self.lock:
             self.rec["ddp"] += 1
@@ -107,8 +113,8 @@ class Recorder:
             where = {"file": os.path.relpath(os.path.realpath(user[-1]["file"]), self.code_root),
                      "line": user[-1]["line"], "func": user[-1]["func"]}
         with self.lock:
-            self.rec["error"] = {"type": type(exc).__name__, "message": str(exc).strip()[:600], "where": where,
-                                 "t": time.time(),
+            self.rec["error"] = {"type": type(exc).__name__, "message": str(exc).strip()[:600],
+                                 "where": where, "t": time.time(),
                                  "traceback": "".join(traceback.format_exception(exc))[-4000:]}
             self.write()
 
@@ -155,15 +161,20 @@ def install(rec: Recorder) -> None:
         wrapper.__wrapped__ = fn
         return wrapper
 
-    original_init = c10d.init_process_group
+    original_init, original_destroy = c10d.init_process_group, c10d.destroy_process_group
 
     def init_process_group(*args, **kwargs):
         out = original_init(*args, **kwargs)
         rec.on_init()
         return out
 
+    def destroy_process_group(*args, **kwargs):
+        rec.on_ops()
+        return original_destroy(*args, **kwargs)
+
     for module in (dist, c10d):
         module.init_process_group = init_process_group
+        module.destroy_process_group = destroy_process_group
         for kind in COLLECTIVES:
             fn = getattr(c10d, kind, None)
             if fn is not None:
@@ -209,6 +220,7 @@ def rank_main(argv: list[str]) -> int:
         rec.on_error(e)
         traceback.print_exc()
         code = 1
+    rec.on_ops()
     rec.on_exit(code)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ddplab.code_check import check
 from nodeprobe import code_smoke
 from tests.helpers.probes import REPO
 
@@ -28,13 +29,19 @@ CASES = {  # entry point -> (args, user_env)
     "crash_cuda.py": ([], {}),
     "disagree.py": ([], {}),
     "exits_early.py": ([], {}),
+    "false_alarm.py": ([], {}),
+    "collectives_only.py": ([], {}),
     "-m pkg.train": (["--steps", "3"], {"SMOKE_FIXTURE_VAR": "set", "OUT_DIR": "out-pkg"}),
+    # nanochat's shape (chatlike/): the group on CUDA only, an optimizer that all-reduces by itself
+    "-m scripts.base_train": (["--device-type=cpu"], {}),
 }
+CHATLIKE = FIXTURES / "chatlike"
 
 
 def spec_for(entry: str, scratch: Path, **extra) -> dict:
     args, env = CASES.get(entry, ([], {}))
-    return {"python": sys.executable, "src": str(FIXTURES), "scratch": str(scratch), "entrypoint": entry,
+    src = CHATLIKE if entry == "-m scripts.base_train" else FIXTURES
+    return {"python": sys.executable, "src": str(src), "scratch": str(scratch), "entrypoint": entry,
             "args": args, "user_env": env, "seconds": 150, "steps": 2, **extra}
 
 
@@ -112,6 +119,59 @@ def test_parameters_that_disagree_are_refused(results):
 def test_exit_0_without_training_is_refused(results):
     p = problem(results["exits_early.py"])
     assert p["kind"] == "no-training"
+
+
+def verdict(result: dict, entry: str, code: Path = FIXTURES) -> subprocess.CompletedProcess:
+    """`python -m ddplab smoke-verdict` on the control host, on the node's JSON."""
+    return subprocess.run([sys.executable, "-m", "ddplab", "smoke-verdict", "--node", "node0", "--code-dir",
+                           str(code), f"--entrypoint={entry}"], input=json.dumps(result),
+                          capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+
+
+def test_the_verdict_refuses_a_crash_naming_node_place_and_patch(results):
+    out = verdict(results["crash_cuda.py"], "crash_cuda.py")
+    assert out.returncode == 1, out
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("ddplab: error: the smoke run of crash_cuda.py on node0 (2 CPU ranks over")
+    assert "AssertionError: this script needs a GPU at crash_cuda.py:8; patch: " in first
+    assert "the launch is refused before any rank starts" in out.stdout
+    alone = verdict(results["ddp_only_on_cuda.py"], "ddp_only_on_cuda.py")
+    assert alone.returncode == 1 and "each rank trains alone" in alone.stdout
+
+
+def test_nanochat_shaped_code_is_refused_at_its_optimizer_with_the_scans_hint(results):
+    """Under torchrun on CPU, compute_init makes no group; the optimizer's all-reduce then fails."""
+    r = results["-m scripts.base_train"]
+    p = problem(r)
+    optim = (CHATLIKE / "nanochat" / "optim.py").read_text().splitlines()
+    line = next(i + 1 for i, ln in enumerate(optim) if "dist.all_reduce" in ln)
+    assert p["kind"] == "crash" and p["where"] == f"nanochat/optim.py:{line}", r
+    assert "process group has not been initialized" in p["what"]
+    out = verdict(r, "-m scripts.base_train", CHATLIKE)
+    assert out.returncode == 1, out
+    assert "; the CPU check there: nanochat/common.py:" in out.stdout  # where the group should be made
+    assert 'init_process_group(backend="nccl" if device_type == "cuda" else "gloo")' in out.stdout
+
+
+def test_code_that_trains_passes_over_the_scans_errors(results):
+    """The scan guesses an error (a CUDA call behind a guard it cannot read); the smoke run trained, so the
+    launch goes on and the scan's error is shown as a note."""
+    r = results["false_alarm.py"]
+    assert r["verdict"] == "pass", r
+    scan_errors = [f for f in check(str(FIXTURES), "false_alarm.py")["findings"] if f.severity == "error"]
+    out = verdict(r, "false_alarm.py")
+    assert out.returncode == 0, out
+    assert "it trains as one DDP run: 2 optimizer steps on each rank" in out.stdout
+    for f in scan_errors:
+        assert f"ddplab: note: the CPU check's guess {f.path}:{f.line} " in out.stdout
+    if not scan_errors:
+        pytest.skip("the scan no longer flags false_alarm.py: nothing for the smoke run to overrule")
+
+
+def test_collectives_without_an_optimizer_pass_with_a_note(results):
+    r = results["collectives_only.py"]
+    assert r["verdict"] == "pass" and "made no torch.optim step" in r["note"], r
+    assert all(rank["calls"] == {"all_reduce": 1} and rank["ops"] >= 1 for rank in r["ranks"])
 
 
 def test_a_pass_is_remembered_and_a_change_runs_again(tmp_path):

@@ -11,7 +11,7 @@ torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 gen = torch.Generator().manual_seed(100 + rank)
-for step in range(5):
+for _ in range(5):
     x = torch.randn(4, 8, generator=gen)
     loss = model(x).pow(2).mean()
     opt.zero_grad()
