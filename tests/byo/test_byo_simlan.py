@@ -165,7 +165,8 @@ def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_
         code = tmp_path / "code"
         shutil.copytree(FIXTURES / "rank_probe", code)
         extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-nproc", "ddplab_code_dir": code,
-                 "ddplab_nproc_per_node": 2, "ddplab_pip_requirements": "requirements.txt"}
+                 "ddplab_nproc_per_node": 2, "ddplab_pip_requirements": "requirements.txt",
+                 "ddplab_smoke_run": "false"}  # the seed's launch runs the smoke run; this tests the ranks
         # values with spaces go as JSON (-e k=v splits on spaces)
         more = {"ddplab_entrypoint": "-m probe", "ddplab_entrypoint_args": ["--tag", "two words"],
                 "ddplab_collect_globs": ["out/*.txt"]}
