@@ -2,7 +2,8 @@
 
 report, follow, status (a run's outcome, live panes, which node failed first); validate, settings (check
 every setting before a node is touched; write the generated defaults and docs); preflight-verdict (judge
-the preflight's probes); code-tree (plan a code sync); sync-push (rsync files to a node, with progress);
+the preflight's probes); smoke-verdict (decide the launch from the smoke run of your code);
+code-tree (plan a code sync); sync-push (rsync files to a node, with progress);
 interrupt-guard (stop a run when its waiting playbook is interrupted); check-requirements (refuse a
 requirements file that asks for another torch); tune (tokens/s of 1 node x 1 process, 1 node x N
 processes and all nodes).
@@ -21,6 +22,7 @@ VERBS = {
     "follow": "ddplab.follow",
     "status": "ddplab.status",
     "code-check": "ddplab.code_check",
+    "smoke-verdict": "ddplab.smoke_verdict",
     "validate": "ddplab.settings",
     "settings": "ddplab.settings",
     "preflight-verdict": "ddplab.preflight.verdict",

@@ -8,7 +8,8 @@ top levels, and the functions and classes they name, transitively); the same pat
 reached is a *warning*, as are the patterns that only may misbehave.
 Output: one line per finding (`ddplab: error: train.py:112: ...; why; patch: ...`), errors first, then a
 summary line. Exit 0: no error (warnings allowed); 1: errors (playbooks/prepare.yml refuses the launch);
-2: bad input.
+2: bad input. With --smoke-decides (ddplab_smoke_run) errors exit 0 too: the smoke run of the code before
+the ranks start (ddplab/smoke_verdict.py) decides, with these findings as its hints.
 """
 
 from __future__ import annotations
@@ -369,7 +370,7 @@ def only_on_cuda(pg_calls: list, ddp_calls: list) -> list[Finding]:
     return []
 
 
-def report_lines(result: dict) -> list[str]:
+def report_lines(result: dict, smoke_decides: bool = False) -> list[str]:
     found = result["findings"]
     errors = sum(f.severity == "error" for f in found)
     lines = [f.text() for f in found]
@@ -377,7 +378,10 @@ def report_lines(result: dict) -> list[str]:
                f"{', '.join(result['files']) or result.get('note', '')}): "
                f"{errors} errors, {len(found) - errors} warnings")
     lines.append(summary)
-    if errors:
+    if errors and smoke_decides:
+        lines.append("ddplab: the smoke run of your code before the ranks start decides whether these errors "
+                     "are real (ddplab_smoke_run)")
+    elif errors:
         lines.append("ddplab: the launch is refused before any rank starts: patch the lines above, "
                      "or set ddplab_code_check: false to launch anyway")
     return lines
@@ -389,8 +393,8 @@ def cmd_code_check(args) -> int:
         json.dump({**result, "findings": [asdict(f) for f in result["findings"]]}, sys.stdout)
         print()
     else:
-        print("\n".join(report_lines(result)))
-    return 1 if any(f.severity == "error" for f in result["findings"]) else 0
+        print("\n".join(report_lines(result, args.smoke_decides)))
+    return 1 if not args.smoke_decides and any(f.severity == "error" for f in result["findings"]) else 0
 
 
 def add_parser(sub):
@@ -399,4 +403,6 @@ def add_parser(sub):
     p.add_argument("--entrypoint", required=True,
                    help='ddplab_entrypoint: "train.py" or "-m pkg.mod" (write --entrypoint="-m pkg.mod")')
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--smoke-decides", action="store_true",
+                   help="exit 0 with errors too: the smoke run before the launch decides (ddplab_smoke_run)")
     p.set_defaults(func=cmd_code_check)

@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(verb, help=f"the launch role's {what}, from a JSON spec on stdin "
                                   "(nodeprobe/start_rank.py)")
 
+    sub.add_parser("code-smoke", help="run the user's entry point as 2 CPU ranks over loopback gloo and "
+                                      "judge it, from a JSON spec on stdin (nodeprobe/code_smoke.py)")
+
     sub.add_parser("place-files", help="write small files from a JSON spec on stdin, each only when it "
                                        "differs (nodeprobe/place_files.py)")
 
@@ -167,6 +170,19 @@ def main(argv=None) -> int:
         try:
             result = start_rank.run(args.cmd, sys.stdin.read())
         except start_rank.SpecError as e:
+            parser.error(str(e))
+        except (OSError, RuntimeError) as e:  # one line naming what failed, no traceback
+            error = f"{type(e).__name__}: {e}"
+            print(json.dumps({"probe": args.cmd, "ok": False, "error": error}), flush=True)
+            return 1
+        print(json.dumps(result), flush=True)
+        return 0
+    if args.cmd == "code-smoke":
+        from nodeprobe import code_smoke
+
+        try:
+            result = code_smoke.run(sys.stdin.read())
+        except code_smoke.SpecError as e:
             parser.error(str(e))
         except (OSError, RuntimeError) as e:  # one line naming what failed, no traceback
             error = f"{type(e).__name__}: {e}"

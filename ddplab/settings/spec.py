@@ -181,6 +181,16 @@ SETTINGS: tuple[Setting, ...] = (
             "Scan the entry point and the modules it imports (Python ast, nothing run) for what fails on CPU "
             "nodes under gloo, before any node changes; a certain failure refuses the launch (file:line and "
             "the patch). false: skip (python -m ddplab code-check runs it by hand).", section=CODE),
+    Setting("ddplab_smoke_run", "bool", True,
+            "Before the ranks start, run your entry point on the master as 2 CPU ranks over loopback "
+            "gloo (a scratch copy of the code, ddplab_smoke_seconds at most) and refuse a crash, no process "
+            "group, no collective or ranks whose parameters differ; it decides over the CPU check's guesses. "
+            "A pass is remembered for unchanged code, arguments, ddplab_env and torch. false: the CPU check "
+            "decides.",
+            section=CODE),
+    Setting("ddplab_smoke_seconds", "int", 90,
+            "ddplab_smoke_run: the longest it runs (it stops once both ranks made 2 optimizer steps); with "
+            "no step by then it judges nothing and the CPU check decides.", section=CODE, min=10, max=3600),
     Setting("ddplab_workdir", "str", "code",
             "Working folder of your code's ranks: code = its synced folder on the node (as torchrun from a "
             "checkout), run = <ddplab_root>/runs/<run_id>/. Files your code writes are never removed by a "

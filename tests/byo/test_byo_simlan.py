@@ -2,6 +2,7 @@
 unchanged through launch.yml, code parity in preflight, the torch pin against a user's requirements,
 and several ranks per node.
 
+The seed's launch runs the smoke run of the code on the master first (2 CPU ranks over loopback gloo).
 One cluster serves the module: the `seed_run` fixture syncs the seed and trains it once, and the tests
 that need prepared hosts or the synced seed ask for it, so each test also runs alone. The
 ranks-per-node test discards the cluster at its end.
@@ -98,6 +99,15 @@ def test_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_run, seed_rep
         assert copy.stdout.encode() == seed
         shards = simlan2.exec(host, ["find", "/root/ddplab", "-name", "*.parquet"], timeout=30, check=True)
         assert shards.stdout.strip() == ""  # ddplab_data_dir "": nothing copied
+    # the smoke run on the master before the ranks started: it trained as one DDP run, left nothing in the
+    # code folder (listed above) nor in the run folder, and remembered its pass in the lab folder
+    smoke = (r"the smoke run of dist_train\.py on node0 \(2 CPU ranks over loopback gloo, [\d.]+ s\): "
+             r"it trains as one DDP run: 2 optimizer steps on each rank")
+    assert re.search(smoke, seed_run.stdout), tail(seed_run)
+    passed = simlan2.exec("node0", ["cat", "/root/ddplab/smoke-passed.json"], timeout=30, check=True)
+    assert len(json.loads(passed.stdout)["passed"]) == 1
+    scratch = simlan2.exec("node0", ["test", "-e", "/root/ddplab/runs/byo-seed/smoke"], timeout=30)
+    assert scratch.returncode != 0
     pane0 = (run / "node0" / "pane.txt").read_text()
     assert "epoch 2 loss" in pane0 and "epoch 2 loss" in (run / "node0" / "launch.log").read_text()
     assert any("epoch 2 loss" in p.read_text() for p in (run / "node0" / "torchrun-logs").rglob("stdout.log"))
@@ -174,7 +184,8 @@ def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_
         assert filled.returncode == 0, tail(filled)
         extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-nproc", "ddplab_code_dir": code,
                  "ddplab_nproc_per_node": 2, "ddplab_pip_requirements": "requirements.txt",
-                 "ddplab_wheelhouse_dir": wheelhouse}
+                 "ddplab_wheelhouse_dir": wheelhouse,
+                 "ddplab_smoke_run": "false"}  # the seed's launch runs the smoke run; this tests the ranks
         # values with spaces go as JSON (-e k=v splits on spaces)
         more = {"ddplab_entrypoint": "-m probe", "ddplab_entrypoint_args": ["--tag", "two words"],
                 "ddplab_collect_globs": ["out/*.txt"]}

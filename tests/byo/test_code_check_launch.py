@@ -1,6 +1,8 @@
-"""The CPU check in the playbooks (local inventory, no root): a nanoGPT-shaped train.py that calls
-torch.cuda.set_device under DDP is refused on the control host before any node changes, naming the file
-and line; ddplab_code_check=false skips the scan and the same code is synced."""
+"""The CPU check in the playbooks (local inventory, no root): with the smoke run off, a nanoGPT-shaped
+train.py that calls torch.cuda.set_device under DDP is refused on the control host before any node
+changes, naming the file and line; ddplab_code_check=false skips the scan and the same code is synced.
+With the smoke run on (the default) the same code is run as 2 CPU ranks on the master before any rank
+starts, and refused at the line where it crashed, with the scan's hint for that line."""
 
 import shutil
 from pathlib import Path
@@ -24,7 +26,7 @@ def test_code_that_fails_on_cpu_is_refused_before_any_node_changes(tmp_path):
     code = tmp_path / "gpt"
     shutil.copytree(GPTLIKE, code)
     extra = {"ddplab_code_dir": code, "ddplab_entrypoint": "train.py", "ddplab_data_dir": "",
-             "ddplab_runs_dir": tmp_path / "runs"}
+             "ddplab_runs_dir": tmp_path / "runs", "ddplab_smoke_run": "false"}
     proc = playbook("launch.yml", extra=extra, timeout=300, env={"HOME": str(home)})
     assert proc.returncode != 0, tail(proc)
     out = proc.stdout + proc.stderr
@@ -42,3 +44,25 @@ def test_code_that_fails_on_cpu_is_refused_before_any_node_changes(tmp_path):
     for lab in ("local0", "local1"):
         synced = home / "ddplab" / lab / "code" / "user" / "train.py"
         assert synced.read_bytes() == (code / "train.py").read_bytes()
+
+
+def test_the_smoke_run_refuses_code_that_crashes_on_cpu_at_its_line(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    code = tmp_path / "gpt"
+    shutil.copytree(GPTLIKE, code)
+    extra = {"ddplab_code_dir": code, "ddplab_entrypoint": "train.py", "ddplab_data_dir": "",
+             "ddplab_runs_dir": tmp_path / "runs", "ddplab_run_id": "smoke-refused"}
+    proc = playbook("launch.yml", extra=extra, timeout=600, env={"HOME": str(home)})
+    assert proc.returncode != 0, tail(proc)
+    out = proc.stdout + proc.stderr
+    init = line_of(code / "train.py", "init_process_group(backend=backend)")
+    assert "the smoke run of your code before the ranks start decides" in out  # the scan no longer refuses
+    assert "ddplab: error: the smoke run of train.py on local0 (2 CPU ranks over loopback" in out, tail(proc)
+    assert f"NCCL built in at train.py:{init}; patch: " in out, tail(proc)
+    assert f"the CPU check there: train.py:{init}: " in out
+    for lab in ("local0", "local1"):
+        root = home / "ddplab" / lab
+        assert not (root / "runs" / "smoke-refused").exists()  # no rank started, the scratch copy is gone
+        synced = sorted(p.name for p in (root / "code" / "user").iterdir())
+        assert synced == sorted(p.name for p in code.iterdir())  # nothing the smoke run wrote

@@ -49,6 +49,9 @@ def repo(tmp_path_factory):
 def lab(tmp_path_factory, repo):
     return {"ddplab_data_dir": "", "ddplab_runs_dir": tmp_path_factory.mktemp("repo-runs"),
             "ddplab_code_dir": repo, "ddplab_entrypoint": "train.py", "ddplab_threads": 1,
+            # the ranks themselves are under test here (outputs, a failing rank's outcome); the smoke run
+            # before them is tested in test_byo_simlan.py and tests/nodeprobe/test_code_smoke.py
+            "ddplab_smoke_run": "false",
             "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 30}
 
 

@@ -1,0 +1,110 @@
+"""``python -m ddplab smoke-verdict``: the launch's decision from the smoke run of the user's code.
+
+The master ran the entry point as 2 CPU ranks over loopback gloo (nodeprobe/code_smoke.py) and printed
+what it saw; this reads that JSON on stdin and says, in one message naming the node, the place and the
+patch, whether the ranks may start. The static CPU check (ddplab/code_check.py) adds its hint for the
+same place where it has one. The smoke run decides: code that trained passes whatever the scan guessed
+(a scan error it contradicts is shown as a note); only when the smoke run could not judge (the time ran
+out before a rank made an optimizer step) do the scan's errors refuse, as they do with the smoke run off.
+Exit 0: the ranks may start; 1: refused; 2: bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ddplab.code_check import check
+from ddplab.cpu_patterns import Finding
+from ddplab.errors import DdplabError
+
+# The scan's findings that explain a smoke problem with no file:line of its own.
+HINT_KINDS = {"no-group": {"pg-only-on-cuda", "nccl"}, "bad-group": {"nccl", "pg-only-on-cuda"},
+              "no-collectives": {"ddp-device-ids", "pg-only-on-cuda"}, "crash": set(), "disagree": set(),
+              "no-training": set()}
+
+
+def hints_for(problem: dict, findings: list[Finding]) -> list[Finding]:
+    """The scan's findings at the problem's place, or of the kinds that explain it."""
+    if problem.get("where"):
+        at = [f for f in findings if f"{f.path}:{f.line}" == problem["where"]]
+        if at:
+            return at
+    kinds = set(HINT_KINDS.get(problem["kind"], set()))
+    if problem["kind"] == "crash" and "process group" in problem["what"]:
+        kinds.add("pg-only-on-cuda")  # a collective without a group: the group was made on CUDA only
+    return [f for f in findings if f.kind in kinds]
+
+
+def summary(result: dict) -> str:
+    ranks = result.get("ranks") or []
+    ops = [r.get("ops_before_first_step") or 0 for r in ranks]
+    steps = min((r.get("steps") or 0 for r in ranks), default=0)
+    return (f"{steps} optimizer steps on each rank, parameters equal across the ranks, "
+            f"{min(ops, default=0)}+ collectives before the first step")
+
+
+def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tuple[int, list[str]]:
+    """(exit code, lines) for the smoke run's result on `node`."""
+    verdict, seconds = result.get("verdict"), result.get("seconds", 0)
+    errors = [f for f in findings if f.severity == "error"]
+    what = f"the smoke run of {entry} on {node} (2 CPU ranks over loopback gloo"
+    if result.get("error") or verdict not in ("pass", "cached", "fail", "inconclusive"):
+        return 1, [f"ddplab: error: {what}) did not run: {result.get('error') or result}; "
+                   "run playbooks/prepare.yml, or set ddplab_smoke_run: false to rely on the CPU check alone"]
+    if verdict == "cached":
+        return 0, [f"ddplab: {what}) passed before for this code, arguments, ddplab_env and torch: "
+                   "not run again"]
+    if verdict == "pass":
+        said = f"passed; note: {result['note']}" if result.get("note") else (
+            f"it trains as one DDP run: {summary(result)}")
+        lines = [f"ddplab: {what}, {seconds:g} s): {said}"]
+        lines += [f"ddplab: note: the CPU check's guess {f.path}:{f.line} ({f.what}) is contradicted: "
+                  "the smoke run trained past it" for f in errors]
+        return 0, lines
+    if verdict == "inconclusive":
+        lines = [f"ddplab: warning: {what}, {seconds:g} s) could not judge: {result.get('note', '')}"]
+        if errors:
+            lines += [f.text() for f in errors]
+            lines.append("ddplab: the launch is refused by the CPU check: patch the lines above, raise "
+                         "ddplab_smoke_seconds so the smoke run reaches an optimizer step, or set "
+                         "ddplab_code_check: false")
+            return 1, lines
+        return 0, lines
+    first = result["problems"][0]
+    place = f" at {first['where']}" if first.get("where") else ""
+    message = f"ddplab: error: {what}, {seconds:g} s): {first['what']}{place}; patch: {first['fix']}"
+    hints = hints_for(first, findings)
+    if hints:
+        message += "; the CPU check there: " + " | ".join(
+            f"{f.path}:{f.line}: {f.what}; patch: {f.patch}" for f in hints)
+    lines = [message]
+    lines += [f"ddplab: error: also: {p['what']}" + (f" at {p['where']}" if p.get("where") else "")
+              for p in result["problems"][1:]]
+    crashed = next((r for r in result.get("ranks") or [] if r.get("traceback")), None)
+    if first["kind"] == "crash" and crashed:
+        lines.append("ddplab: the rank's traceback (last lines):")
+        lines += ["  " + ln for ln in crashed["traceback"].rstrip().splitlines()[-6:]]
+    lines.append("ddplab: the launch is refused before any rank starts (nothing was left in your code "
+                 "folder); patch the code, or set ddplab_smoke_run: false to rely on the CPU check alone")
+    return 1, lines
+
+
+def cmd_smoke_verdict(args) -> int:
+    text = sys.stdin.read()
+    try:
+        result = json.loads(text)
+    except ValueError:
+        raise DdplabError(f"the smoke run printed no JSON on {args.node}: {text.strip()[-300:]!r}") from None
+    findings = check(args.code_dir, args.entrypoint)["findings"] if args.code_dir else []
+    code, lines = decide(result, args.node, args.entrypoint, findings)
+    print("\n".join(lines))
+    return code
+
+
+def add_parser(sub):
+    p = sub.add_parser("smoke-verdict", help="decide the launch from the smoke run's JSON (stdin)")
+    p.add_argument("--node", required=True, help="the node the smoke run ran on (named in messages)")
+    p.add_argument("--code-dir", default="", help="ddplab_code_dir: the scan's hints come from it")
+    p.add_argument("--entrypoint", required=True, help='ddplab_entrypoint ("train.py" or "-m pkg.mod")')
+    p.set_defaults(func=cmd_smoke_verdict)

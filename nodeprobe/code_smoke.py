@@ -1,0 +1,347 @@
+"""``python -m nodeprobe code-smoke < spec``: run the user's entry point as 2 CPU ranks over loopback gloo.
+
+Before the ranks of a run start, the master runs the user's own entry point (with its arguments and
+``ddplab_env``, as the launch would) as 2 local ranks for at most ``seconds``, or until every rank has
+made ``steps`` optimizer steps, under nodeprobe/smoke_rank.py, which records what each rank did. The
+verdict (``judge``) says whether the code trains as one DDP run on CPU: it refuses a crash (the user's
+file:line), no process group, a group that is not gloo of world size 2, no collective before the first
+optimizer step (each rank trains alone), parameters that differ across the ranks after a step, and an
+exit without any optimizer step.
+
+Nothing is left in the user's tree: the code runs in a scratch copy (``scratch``, a folder of ddplab's own
+in the run folder: folders recreated, files up to LINK_BYTES copied, larger ones symlinked, read-only by
+convention), removed at the end. Nothing listens beyond loopback: the launcher binds the store's socket
+to 127.0.0.1 and a store process serves it (torchrun --standalone's store listens on every interface);
+the ranks dial it (TORCHELASTIC_USE_AGENT_STORE) and gloo binds to ``lo`` (GLOO_SOCKET_IFNAME). Every
+process it starts is in one process group, killed at the end, on timeout too.
+
+A pass is remembered in ``cache`` (the lab folder) under a key of the code hash, entry point, arguments,
+``ddplab_env``, the torch version and this probe's own source: a relaunch of unchanged code skips it.
+Spec keys: python, src, scratch, entrypoint, args, user_env, lab_env, workdir, seconds, steps, threads,
+cache, code_hash_file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+from nodeprobe import hashing
+from nodeprobe.spec import SpecError, read_spec  # noqa: F401 (SpecError: callers catch it here)
+
+WORLD = 2
+LINK_BYTES = 1 << 20  # larger files of the code are symlinked into the scratch copy, not copied
+MARKER = ".ddplab-smoke"  # in the scratch folder: ddplab made it, so ddplab may remove it
+GRACE_S = 3.0  # after one rank failed, how long the other may take to record its own end
+POLL_S = 0.2
+CACHE_KEEP = 32
+RANK_SCRIPT = Path(__file__).with_name("smoke_rank.py")
+# the caller's variables the ranks do not inherit (each rank gets its own)
+INHERITED_NOT = ("TMUX", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+
+
+def entry_argv(entrypoint: str, args: list) -> list[str]:
+    entry = entrypoint.strip()
+    if entry.startswith("-m"):
+        return ["-m", entry[2:].strip(), *map(str, args)]
+    return [entry, *map(str, args)]
+
+
+def copy_tree(src: Path, dest: Path) -> dict:
+    """The code as the ranks see it, in dest: the files ddplab placed (every file when there is no
+    record), small ones copied, large ones symlinked to the original."""
+    copied = linked = 0
+    for rel in hashing.tree_files(src):
+        source, target = src / rel, dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.stat().st_size > LINK_BYTES:
+            target.symlink_to(source.resolve())
+            linked += 1
+        else:
+            shutil.copy2(source, target)
+            copied += 1
+    return {"copied": copied, "linked": linked}
+
+
+def make_scratch(scratch: Path) -> None:
+    if scratch.exists():
+        if not (scratch / MARKER).exists():
+            raise RuntimeError(f"{scratch} exists and is not ddplab's smoke folder; move it away")
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    (scratch / MARKER).write_text("made by ddplab's smoke run; removed at its end\n")
+
+
+def remove_scratch(scratch: Path) -> None:
+    if (scratch / MARKER).exists():
+        shutil.rmtree(scratch, ignore_errors=True)
+    parent = scratch.parent
+    with contextlib.suppress(OSError):
+        parent.rmdir()  # the run folder, when the smoke run made it and nothing else is in it
+
+
+def loopback_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock
+
+
+def rank_env(spec: dict, rank: int, port: int, code: Path, run_dir: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in INHERITED_NOT}
+    threads = str(int(spec.get("threads") or 1))
+    env.update({str(k): str(v) for k, v in (spec.get("lab_env") or {}).items()})
+    env.update({str(k): str(v) for k, v in (spec.get("user_env") or {}).items()})
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD),
+        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(WORLD),
+        "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "ddplab-smoke",
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": str(code),
+        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "DDPLAB_RUN_DIR": str(run_dir),
+        "DDPLAB_SMOKE": "1", "DDPLAB_SMOKE_CODE": str(code),
+    })
+    return env
+
+
+def join_group(pgid: int):
+    """A child's first act: join a process group (0: a new one, the store's, that the ranks join), so one
+    killpg ends every process the smoke run started (their session stays the caller's: setpgid allows no
+    other)."""
+    return lambda: os.setpgid(0, pgid)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def tail(path: Path, lines: int = 12) -> list[str]:
+    try:
+        return path.read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def run_ranks(spec: dict, scratch: Path) -> dict:
+    """Start the store and the ranks, watch their reports, end them all; what each rank recorded."""
+    code, run_dir, reports, logs = (scratch / d for d in ("code", "run", "report", "logs"))
+    for d in (code, run_dir, reports, logs):
+        d.mkdir(exist_ok=True)
+    copied = copy_tree(Path(spec["src"]), code)
+    cwd = code if spec.get("workdir", "code") == "code" else run_dir
+    python, seconds, steps = spec["python"], float(spec.get("seconds") or 90), int(spec.get("steps") or 2)
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
+    procs: list[subprocess.Popen] = []
+    start = time.monotonic()
+    timed_out = False
+    try:
+        with open(logs / "store.log", "wb") as log:
+            store = subprocess.Popen([python, str(RANK_SCRIPT), "store", str(sock.fileno())],
+                                     pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, preexec_fn=join_group(0), cwd=scratch)
+        procs.append(store)
+        sock.close()  # the store holds it now
+        for rank in range(WORLD):
+            with open(logs / f"rank{rank}.log", "wb") as log:
+                procs.append(subprocess.Popen(
+                    [python, str(RANK_SCRIPT), "rank", str(reports / f"rank{rank}.json"), str(steps), "--",
+                     *entry_argv(spec["entrypoint"], spec.get("args") or [])],
+                    env=rank_env(spec, rank, port, code, run_dir), cwd=cwd, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=join_group(store.pid)))
+        ranks = procs[1:]
+        failed_at = None
+        while True:
+            time.sleep(POLL_S)
+            recs = [read_json(reports / f"rank{r}.json") or {} for r in range(WORLD)]
+            if all(rec.get("done") for rec in recs) or all(p.poll() is not None for p in ranks):
+                break
+            if failed_at is None and any(p.poll() not in (None, 0) for p in ranks):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+                break
+            if store.poll() is not None or time.monotonic() - start > seconds:
+                timed_out = store.poll() is None
+                break
+    finally:
+        if procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(procs[0].pid, signal.SIGKILL)
+        for p in procs:
+            p.wait()
+        sock.close()
+    out = []
+    for r, p in enumerate(procs[1:]):
+        rec = read_json(reports / f"rank{r}.json") or {"rank": r, "steps": [], "calls": {}, "ddp": 0}
+        rec["returncode"] = p.returncode
+        rec["log_tail"] = tail(logs / f"rank{r}.log")
+        out.append(rec)
+    return {"ranks": out, "timed_out": timed_out, "seconds": round(time.monotonic() - start, 1),
+            "steps_wanted": steps, "limit_s": seconds, "files": copied,
+            "store_log": tail(logs / "store.log", 5) if procs[0].returncode not in (None, -9) else []}
+
+
+def problem(kind: str, what: str, fix: str, rank: int | None = None, where: dict | None = None) -> dict:
+    return {"kind": kind, "rank": rank, "what": what, "fix": fix,
+            "where": f"{where['file']}:{where['line']}" if where else None}
+
+
+def grouped(rank: dict) -> bool:
+    """The rank made a gloo process group of the smoke run's world size."""
+    init = rank.get("init") or {}
+    return init.get("backend") == "gloo" and init.get("world") == WORLD
+
+
+def judge(run: dict) -> dict:
+    """The verdict on what the ranks recorded: pass, fail (problems, the first is the cause) or
+    inconclusive (the time ran out before a rank made an optimizer step)."""
+    ranks, wanted = run["ranks"], run["steps_wanted"]
+    errors = sorted((r for r in ranks if r.get("error")), key=lambda r: r["error"].get("t", 0))
+    if errors:
+        first = errors[0]
+        err = first["error"]
+        return {"verdict": "fail", "problems": [problem(
+            "crash", f"rank {first['rank']} raised {err['type']}: {err['message']}".rstrip(": "),
+            "make the code run on CPU under gloo at that place", first["rank"], err.get("where"))]}
+    killed = [r for r in ranks if r.get("returncode") not in (0, None, -9) and r.get("exit") is None]
+    if killed:
+        r = killed[0]
+        return {"verdict": "fail", "problems": [problem(
+            "crash", f"rank {r['rank']} ended with code {r['returncode']} without a Python exception"
+            f" (last output: {' | '.join(r.get('log_tail', [])[-3:]) or 'none'})",
+            "run the entry point by hand on the node to see why", r["rank"])]}
+    problems = []
+    stepped = [r for r in ranks if r.get("steps")]
+    if not stepped:
+        if run["timed_out"]:
+            return {"verdict": "inconclusive", "problems": [], "note": (
+                f"no rank made an optimizer step within {run['limit_s']:g} s; nothing was judged "
+                "(raise ddplab_smoke_seconds to let it reach one)")}
+        if all(grouped(r) and max(r.get("ops") or 0, sum((r.get("calls") or {}).values())) for r in ranks):
+            return {"verdict": "pass", "problems": [], "note": (
+                "the ranks exited 0 after collectives on a gloo group of 2 but made no torch.optim step: "
+                "their parameters were not compared")}
+        return {"verdict": "fail", "problems": [problem(
+            "no-training", "the ranks exited 0 without an optimizer step (no torch.optim.Optimizer.step ran) "
+            "and without training together", "check the arguments: on CPU the entry point must train (a "
+            "device flag such as --device-type=cpu or --device=cpu, a step count > 0)")]}
+    for r in ranks:
+        init = r.get("init")
+        if init is None:
+            problems.append(problem(
+                "no-group", f"rank {r['rank']} trained without torch.distributed.init_process_group: "
+                "each rank trains alone", 'call init_process_group(backend="gloo") on CPU whenever '
+                "RANK/WORLD_SIZE are set (torchrun sets them)", r["rank"]))
+        elif init["backend"] != "gloo" or init["world"] != WORLD:
+            problems.append(problem(
+                "bad-group", f"rank {r['rank']}'s process group is {init['backend']} of world size "
+                f"{init['world']} (expected gloo of {WORLD})", 'pass backend="gloo" on CPU and let '
+                "init_process_group read the world size from the environment", r["rank"]))
+    if not problems:
+        for r in stepped:
+            first = r["steps"][0]
+            if max(first.get("ops", 0), first.get("calls", 0)) == 0:
+                problems.append(problem(
+                    "no-collectives", f"rank {r['rank']} made its first optimizer step without any "
+                    "collective (no DDP all-reduce, no torch.distributed call): each rank trains alone",
+                    "wrap the model in DistributedDataParallel on CPU too (device_ids=None), or all-reduce "
+                    "the gradients before optimizer.step()", r["rank"]))
+                break
+    if not problems and len(stepped) == WORLD:
+        for k in range(min(len(r["steps"]) for r in stepped)):
+            digests = {r["steps"][k]["sha256"] for r in stepped}
+            if len(digests) > 1:
+                problems.append(problem(
+                    "disagree", f"the ranks' parameters differ after optimizer step {k + 1} "
+                    f"({stepped[0]['steps'][k]['optimizer']})", "start from the same weights (DDP "
+                    "broadcasts rank 0's) and average the gradients of every parameter before the step "
+                    "(DDP does; a manual all-reduce must cover all of them)"))
+                break
+    if problems:
+        return {"verdict": "fail", "problems": problems}
+    short = len(stepped) < WORLD or min(len(r["steps"]) for r in stepped) < wanted
+    if short and run["timed_out"]:
+        return {"verdict": "inconclusive", "problems": [], "note": (
+            f"not every rank made {wanted} optimizer steps within {run['limit_s']:g} s")}
+    return {"verdict": "pass", "problems": []}
+
+
+def torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def cache_key(spec: dict) -> str:
+    code_hash = ""
+    if spec.get("code_hash_file"):
+        try:
+            code_hash = Path(spec["code_hash_file"]).read_text().strip()
+        except OSError:
+            code_hash = ""
+    if not code_hash:
+        code_hash = hashing.lines_digest(hashing.tree_lines(spec["src"]))
+    own = hashlib.sha256(Path(__file__).read_bytes() + RANK_SCRIPT.read_bytes()).hexdigest()
+    parts = {"code": code_hash, "entrypoint": spec["entrypoint"],
+             "args": list(map(str, spec.get("args") or [])),
+             "env": {str(k): str(v) for k, v in (spec.get("user_env") or {}).items()},
+             "workdir": spec.get("workdir", "code"), "torch": torch_version(), "python": spec["python"],
+             "steps": int(spec.get("steps") or 2), "probe": own}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def cached(path: str, key: str) -> bool:
+    record = read_json(Path(path)) if path else None
+    return bool(record) and key in (record.get("passed") or {})
+
+
+def remember(path: str, key: str) -> None:
+    record = read_json(Path(path)) or {}
+    passed = dict(record.get("passed") or {})
+    passed[key] = time.time()
+    keep = dict(sorted(passed.items(), key=lambda kv: kv[1])[-CACHE_KEEP:])
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps({"passed": keep}, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def code_smoke(spec: dict) -> dict:
+    key = cache_key(spec)
+    if spec.get("cache") and cached(spec["cache"], key):
+        return {"probe": "code-smoke", "verdict": "cached", "problems": [], "seconds": 0, "key": key}
+    scratch = Path(spec["scratch"])
+    make_scratch(scratch)
+    try:
+        run = run_ranks(spec, scratch)
+    finally:
+        remove_scratch(scratch)
+    verdict = judge(run)
+    if verdict["verdict"] == "pass" and spec.get("cache"):
+        remember(spec["cache"], key)
+    ranks = [{k: r.get(k) for k in ("rank", "init", "ddp", "calls", "ops", "returncode", "exit", "done")}
+             | {"steps": len(r.get("steps") or []),
+                "ops_before_first_step": (r.get("steps") or [{}])[0].get("ops"),
+                "error": {k: v for k, v in (r.get("error") or {}).items() if k != "traceback"} or None,
+                "traceback": (r.get("error") or {}).get("traceback"), "log_tail": r.get("log_tail")}
+             for r in run["ranks"]]
+    return {"probe": "code-smoke", **verdict, "seconds": run["seconds"], "timed_out": run["timed_out"],
+            "limit_s": run["limit_s"], "steps_wanted": run["steps_wanted"], "files": run["files"],
+            "ranks": ranks, "key": key}
+
+
+def run(text: str) -> dict:
+    return code_smoke(read_spec(text, ("python", "src", "scratch", "entrypoint")))

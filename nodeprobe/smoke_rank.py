@@ -1,0 +1,255 @@
+"""One process of the smoke run of the user's code (nodeprobe/code_smoke.py starts them; needs torch).
+
+    python smoke_rank.py store FD                         # holds the run's TCPStore on a bound socket
+    python smoke_rank.py rank REPORT STEPS -- ENTRY ARGS  # one rank: the user's entry point under watch
+
+``rank`` runs the entry point (``-m pkg.mod`` or a script path) with runpy and ``sys.argv`` as torchrun
+would give it, and records in REPORT (JSON, rewritten at each event): whether
+``torch.distributed.init_process_group`` ran, its backend and world size; the collectives called, by kind
+(the ``torch.distributed`` functions) and in all (the process groups' sequence numbers, which also count
+DDP's reducer: its all-reduces go from C++ to the ProcessGroup, past any Python function); how many DDP
+models were built; after each optimizer step (torch's global step post-hook, which every
+``torch.optim.Optimizer`` subclass runs) a sha256 of that optimizer's parameters; and the first
+exception, with its frames. After STEPS optimizer steps the rank records ``done`` and sleeps: the
+launcher, which sees every rank's report, ends the process group.
+
+``store`` hosts the rendezvous as torchrun's agent does (the ranks run with
+TORCHELASTIC_USE_AGENT_STORE=True, so init_process_group connects as a client and no rank opens a store
+of its own): on the socket the launcher bound to 127.0.0.1 (``master_listen_fd``), since a TCPStore
+told a host still listens on every interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import runpy
+import sys
+import threading
+import time
+import traceback
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+               "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather",
+               "gather_object", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+               "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
+class Recorder:
+    """What one rank did, written to its report file after every event."""
+
+    def __init__(self, path: str, steps_wanted: int, code_root: str):
+        self.path, self.steps_wanted, self.code_root = path, steps_wanted, os.path.realpath(code_root)
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.rec = {"rank": int(os.environ.get("RANK", "-1")), "pid": os.getpid(), "start": time.time(),
+                    "init": None, "ddp": 0, "calls": {}, "ops": 0, "steps": [], "error": None, "exit": None,
+                    "done": False}
+        self.write()
+
+    def write(self) -> None:
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.rec, f)
+        os.replace(tmp, self.path)
+
+    def group_ops(self) -> int:
+        """Collectives issued on every process group so far (their sequence numbers)."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return 0
+        total = 0
+        groups = list(getattr(dist.distributed_c10d._world, "pg_map", {}) or {}) or [dist.group.WORLD]
+        for pg in groups:
+            with contextlib.suppress(Exception):
+                total += int(pg._get_sequence_number_for_group())
+        return total
+
+    def on_init(self) -> None:
+        import torch.distributed as dist
+
+        with self.lock:
+            self.rec["init"] = {"backend": str(dist.get_backend()), "world": dist.get_world_size(),
+                                "rank": dist.get_rank(), "t": time.time()}
+            self.write()
+
+    def on_call(self, kind: str) -> None:
+        with self.lock:
+            self.rec["calls"][kind] = self.rec["calls"].get(kind, 0) + 1
+            self.write()
+
+    def on_ops(self) -> None:
+        """Keep the groups' count of collectives (before destroy_process_group forgets the groups)."""
+        with self.lock:
+            self.rec["ops"] = max(self.rec["ops"], self.group_ops())
+            self.write()
+
+    def on_ddp(self) -> None:
+        with self.lock:
+            self.rec["ddp"] += 1
+            self.write()
+
+    def on_step(self, optimizer) -> None:
+        digest = params_digest(optimizer)
+        with self.lock:
+            self.rec["steps"].append({"optimizer": type(optimizer).__name__, "sha256": digest,
+                                      "ops": self.group_ops(), "calls": sum(self.rec["calls"].values()),
+                                      "t": time.time()})
+            done = len(self.rec["steps"]) >= self.steps_wanted
+            self.rec["done"] = done
+            self.write()
+        while done:  # the launcher ends the process group once every rank is here
+            time.sleep(3600)
+
+    def on_error(self, exc: BaseException) -> None:
+        frames = [{"file": f.filename, "line": f.lineno, "func": f.name}
+                  for f in traceback.extract_tb(exc.__traceback__)]
+        user = [f for f in frames if os.path.realpath(f["file"]).startswith(self.code_root + os.sep)]
+        where = None
+        if user:
+            where = {"file": os.path.relpath(os.path.realpath(user[-1]["file"]), self.code_root),
+                     "line": user[-1]["line"], "func": user[-1]["func"]}
+        with self.lock:
+            self.rec["error"] = {"type": type(exc).__name__, "message": str(exc).strip()[:600],
+                                 "where": where, "t": time.time(),
+                                 "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+            self.write()
+
+    def on_exit(self, code: int) -> None:
+        with self.lock:
+            self.rec["exit"] = code
+            self.write()
+
+
+def params_digest(optimizer) -> str:
+    """sha256 of the bytes of every parameter an optimizer updates, in its own order."""
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                flat = p.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+                try:
+                    h.update(flat.numpy().tobytes())
+                except RuntimeError:  # torch without numpy
+                    h.update(bytes(flat.tolist()))
+    return h.hexdigest()
+
+
+def install(rec: Recorder) -> None:
+    """Wrap init_process_group, the collectives and DDP's constructor; hook every optimizer step."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def counting(kind, fn):
+        def wrapper(*args, **kwargs):
+            outer = not getattr(rec.local, "inside", False)  # all_gather_object calls all_gather: count once
+            if outer:
+                rec.on_call(kind)
+            rec.local.inside = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if outer:
+                    rec.local.inside = False
+        wrapper.__wrapped__ = fn
+        return wrapper
+
+    original_init, original_destroy = c10d.init_process_group, c10d.destroy_process_group
+
+    def init_process_group(*args, **kwargs):
+        out = original_init(*args, **kwargs)
+        rec.on_init()
+        return out
+
+    def destroy_process_group(*args, **kwargs):
+        rec.on_ops()
+        return original_destroy(*args, **kwargs)
+
+    for module in (dist, c10d):
+        module.init_process_group = init_process_group
+        module.destroy_process_group = destroy_process_group
+        for kind in COLLECTIVES:
+            fn = getattr(c10d, kind, None)
+            if fn is not None:
+                setattr(module, kind, counting(kind, fn))
+    original_ddp_init = DistributedDataParallel.__init__
+
+    def ddp_init(self, *args, **kwargs):
+        original_ddp_init(self, *args, **kwargs)
+        rec.on_ddp()
+
+    DistributedDataParallel.__init__ = ddp_init
+    register_optimizer_step_post_hook(lambda optimizer, _args, _kwargs: rec.on_step(optimizer))
+
+
+def run_entry(entry: list[str], code_root: str) -> None:
+    """Run ``-m mod ARGS`` or ``script ARGS`` as ``python`` would: argv, sys.path[0], __main__."""
+    if entry[0] == "-m":
+        module, args = entry[1], entry[2:]
+        sys.argv = [module, *args]  # runpy puts the module's file in argv[0]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        script = entry[0] if os.path.isabs(entry[0]) else os.path.join(code_root, entry[0])
+        sys.argv = [script, *entry[1:]]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
+
+
+def rank_main(argv: list[str]) -> int:
+    report, steps = argv[0], int(argv[1])
+    entry = argv[3:] if argv[2:3] == ["--"] else argv[2:]
+    code_root = os.environ.get("DDPLAB_SMOKE_CODE", os.getcwd())
+    rec = Recorder(report, steps, code_root)
+    install(rec)
+    code = 0
+    try:
+        run_entry(entry, code_root)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code:
+            rec.on_error(e)
+    except BaseException as e:  # noqa: BLE001 - the user's exception is what this records
+        rec.on_error(e)
+        traceback.print_exc()
+        code = 1
+    rec.on_ops()
+    rec.on_exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def store_main(argv: list[str]) -> int:
+    import datetime
+
+    import torch.distributed as dist
+
+    fd = int(argv[0])
+    import socket
+
+    sock = socket.socket(fileno=fd)
+    host, port = sock.getsockname()[:2]
+    store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, use_libuv=False,  # noqa: F841
+                          timeout=datetime.timedelta(seconds=300), master_listen_fd=fd)
+    print(f"store {host}:{port}", flush=True)
+    while True:  # the launcher ends the process group
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    sys.path.pop(0)  # nodeprobe/ itself: the user's imports must not find its modules
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode == "store":
+        sys.exit(store_main(sys.argv[2:]))
+    if mode == "rank":
+        sys.exit(rank_main(sys.argv[2:]))
+    print(__doc__, file=sys.stderr)
+    sys.exit(2)

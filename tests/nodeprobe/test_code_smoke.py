@@ -1,0 +1,257 @@
+"""The smoke run of the user's code: tiny real scripts (smoke_fixtures/) run as 2 real gloo ranks on
+127.0.0.1 by `python -m nodeprobe code-smoke`, and the verdict on what each rank did."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ddplab.code_check import check
+from nodeprobe import code_smoke
+from tests.helpers.probes import REPO
+
+pytestmark = pytest.mark.slow
+
+FIXTURES = Path(__file__).resolve().parent / "smoke_fixtures"
+CASES = {  # entry point -> (args, user_env)
+    "good_ddp.py": ([], {}),
+    "no_init.py": ([], {}),
+    "ddp_only_on_cuda.py": (["--device-type=cpu"], {}),
+    "crash_cuda.py": ([], {}),
+    "disagree.py": ([], {}),
+    "exits_early.py": ([], {}),
+    "false_alarm.py": ([], {}),
+    "collectives_only.py": ([], {}),
+    "-m pkg.train": (["--steps", "3"], {"SMOKE_FIXTURE_VAR": "set", "OUT_DIR": "out-pkg"}),
+    # nanochat's shape (chatlike/): the group on CUDA only, an optimizer that all-reduces by itself
+    "-m scripts.base_train": (["--device-type=cpu"], {}),
+}
+CHATLIKE = FIXTURES / "chatlike"
+
+
+def spec_for(entry: str, scratch: Path, **extra) -> dict:
+    args, env = CASES.get(entry, ([], {}))
+    src = CHATLIKE if entry == "-m scripts.base_train" else FIXTURES
+    return {"python": sys.executable, "src": str(src), "scratch": str(scratch), "entrypoint": entry,
+            "args": args, "user_env": env, "seconds": 150, "steps": 2, **extra}
+
+
+def smoke(spec: dict, timeout: float = 180) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "nodeprobe", "code-smoke"], input=json.dumps(spec),
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Every fixture's verdict (2 at a time: each is 3 processes importing torch)."""
+    base = tmp_path_factory.mktemp("smoke")
+    before = sorted(p.relative_to(FIXTURES) for p in FIXTURES.rglob("*") if "__pycache__" not in p.parts)
+    with ThreadPoolExecutor(2) as pool:
+        futures = {entry: pool.submit(smoke, spec_for(entry, base / f"run{i}" / "smoke"))
+                   for i, entry in enumerate(CASES)}
+        out = {entry: f.result() for entry, f in futures.items()}
+    after = sorted(p.relative_to(FIXTURES) for p in FIXTURES.rglob("*") if "__pycache__" not in p.parts)
+    assert after == before  # out/ckpt.pt and out-pkg/ were written in the scratch copies only
+    assert list(base.iterdir()) == []  # each scratch folder (and the run folder it made) removed
+    return out
+
+
+def problem(result: dict) -> dict:
+    assert result["verdict"] == "fail", result
+    return result["problems"][0]
+
+
+def test_a_good_ddp_script_passes(results):
+    r = results["good_ddp.py"]
+    assert r["verdict"] == "pass", r
+    for rank in r["ranks"]:
+        assert rank["init"]["backend"] == "gloo" and rank["init"]["world"] == 2
+        assert rank["ddp"] == 1 and rank["steps"] == 2 and rank["ops_before_first_step"] > 0
+        assert rank["returncode"] == -9  # stopped by the launcher once both ranks made their 2 steps
+
+
+def test_a_module_with_arguments_and_env_passes(results):
+    r = results["-m pkg.train"]
+    assert r["verdict"] == "pass", r
+
+
+def test_no_process_group_is_refused(results):
+    p = problem(results["no_init.py"])
+    assert p["kind"] == "no-group"
+    assert "without torch.distributed.init_process_group: each rank trains alone" in p["what"]
+
+
+def test_ddp_only_on_cuda_trains_alone(results):
+    r = results["ddp_only_on_cuda.py"]
+    p = problem(r)
+    assert p["kind"] == "no-collectives", r
+    assert "each rank trains alone" in p["what"] and "DistributedDataParallel on CPU" in p["fix"]
+    assert all(rank["init"]["backend"] == "gloo" and rank["ddp"] == 0 for rank in r["ranks"])
+
+
+def test_a_crash_names_the_users_file_and_line(results):
+    p = problem(results["crash_cuda.py"])
+    line = next(i + 1 for i, ln in enumerate((FIXTURES / "crash_cuda.py").read_text().splitlines())
+                if "assert torch.cuda" in ln)
+    assert p["kind"] == "crash" and p["where"] == f"crash_cuda.py:{line}"
+    assert "AssertionError: this script needs a GPU" in p["what"]
+
+
+def test_parameters_that_disagree_are_refused(results):
+    r = results["disagree.py"]
+    p = problem(r)
+    assert p["kind"] == "disagree", r
+    assert "differ after optimizer step 1 (SGD)" in p["what"]
+    assert all(rank["ops_before_first_step"] >= 1 for rank in r["ranks"])  # its logging all_reduce
+
+
+def test_exit_0_without_training_is_refused(results):
+    p = problem(results["exits_early.py"])
+    assert p["kind"] == "no-training"
+
+
+def verdict(result: dict, entry: str, code: Path = FIXTURES) -> subprocess.CompletedProcess:
+    """`python -m ddplab smoke-verdict` on the control host, on the node's JSON."""
+    return subprocess.run([sys.executable, "-m", "ddplab", "smoke-verdict", "--node", "node0", "--code-dir",
+                           str(code), f"--entrypoint={entry}"], input=json.dumps(result),
+                          capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+
+
+def test_the_verdict_refuses_a_crash_naming_node_place_and_patch(results):
+    out = verdict(results["crash_cuda.py"], "crash_cuda.py")
+    assert out.returncode == 1, out
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("ddplab: error: the smoke run of crash_cuda.py on node0 (2 CPU ranks over")
+    assert "AssertionError: this script needs a GPU at crash_cuda.py:8; patch: " in first
+    assert "the launch is refused before any rank starts" in out.stdout
+    alone = verdict(results["ddp_only_on_cuda.py"], "ddp_only_on_cuda.py")
+    assert alone.returncode == 1 and "each rank trains alone" in alone.stdout
+
+
+def test_nanochat_shaped_code_is_refused_at_its_optimizer_with_the_scans_hint(results):
+    """Under torchrun on CPU, compute_init makes no group; the optimizer's all-reduce then fails."""
+    r = results["-m scripts.base_train"]
+    p = problem(r)
+    optim = (CHATLIKE / "nanochat" / "optim.py").read_text().splitlines()
+    line = next(i + 1 for i, ln in enumerate(optim) if "dist.all_reduce" in ln)
+    assert p["kind"] == "crash" and p["where"] == f"nanochat/optim.py:{line}", r
+    assert "process group has not been initialized" in p["what"]
+    out = verdict(r, "-m scripts.base_train", CHATLIKE)
+    assert out.returncode == 1, out
+    assert "; the CPU check there: nanochat/common.py:" in out.stdout  # where the group should be made
+    assert 'init_process_group(backend="nccl" if device_type == "cuda" else "gloo")' in out.stdout
+
+
+def test_code_that_trains_passes_over_the_scans_errors(results):
+    """The scan guesses an error (a CUDA call behind a guard it cannot read); the smoke run trained, so the
+    launch goes on and the scan's error is shown as a note."""
+    r = results["false_alarm.py"]
+    assert r["verdict"] == "pass", r
+    scan_errors = [f for f in check(str(FIXTURES), "false_alarm.py")["findings"] if f.severity == "error"]
+    out = verdict(r, "false_alarm.py")
+    assert out.returncode == 0, out
+    assert "it trains as one DDP run: 2 optimizer steps on each rank" in out.stdout
+    for f in scan_errors:
+        assert f"ddplab: note: the CPU check's guess {f.path}:{f.line} " in out.stdout
+    if not scan_errors:
+        pytest.skip("the scan no longer flags false_alarm.py: nothing for the smoke run to overrule")
+
+
+def test_collectives_without_an_optimizer_pass_with_a_note(results):
+    r = results["collectives_only.py"]
+    assert r["verdict"] == "pass" and "made no torch.optim step" in r["note"], r
+    assert all(rank["calls"] == {"all_reduce": 1} and rank["ops"] >= 1 for rank in r["ranks"])
+
+
+def test_a_pass_is_remembered_and_a_change_runs_again(tmp_path):
+    cache = tmp_path / "lab" / "smoke-passed.json"
+    cache.parent.mkdir()
+    spec = spec_for("good_ddp.py", tmp_path / "runs" / "r1" / "smoke", cache=str(cache))
+    first = smoke(spec)
+    assert first["verdict"] == "pass", first
+    again = smoke(spec)
+    assert again["verdict"] == "cached" and again["key"] == first["key"]
+    changed = code_smoke.cache_key({**spec, "args": ["--lr", "1"]})
+    assert changed != first["key"] and not code_smoke.cached(str(cache), changed)
+
+
+def test_large_files_are_linked_small_ones_copied(tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (src / "data").mkdir(parents=True)
+    (src / "train.py").write_text("print('hi')\n")
+    (src / "data" / "big.bin").write_bytes(b"\0" * (code_smoke.LINK_BYTES + 1))
+    assert code_smoke.copy_tree(src, dest) == {"copied": 1, "linked": 1}
+    assert (dest / "data" / "big.bin").is_symlink() and not (dest / "train.py").is_symlink()
+
+
+def test_a_folder_that_is_not_ddplabs_is_left_alone(tmp_path):
+    scratch = tmp_path / "smoke"
+    scratch.mkdir()
+    (scratch / "mine.txt").write_text("user data\n")
+    with pytest.raises(RuntimeError, match="is not ddplab's smoke folder"):
+        code_smoke.make_scratch(scratch)
+    assert (scratch / "mine.txt").exists()
+
+
+def listeners_of(pids: set[int]) -> list[str]:
+    """Local addresses that these processes listen on (ss -ltnp)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        if {int(p) for p in re.findall(r"pid=(\d+)", line)} & pids:
+            found.append(line.split()[3])
+    return found
+
+
+def descendants(pid: int) -> set[int]:
+    kids, todo = set(), [pid]
+    while todo:
+        cur = todo.pop()
+        try:
+            children = Path(f"/proc/{cur}/task/{cur}/children").read_text().split()
+        except OSError:
+            continue
+        for c in map(int, children):
+            kids.add(c)
+            todo.append(c)
+    return kids
+
+
+def test_everything_listens_on_loopback_and_ends_on_timeout(tmp_path):
+    """A run that never reaches its steps: while it trains only 127.0.0.1 listens; at the limit every
+    process it started is killed and the verdict is inconclusive."""
+    spec = spec_for("-m pkg.train", tmp_path / "r" / "smoke", seconds=25, steps=10**9)
+    spec["args"] = ["--steps", str(10**9)]
+    proc = subprocess.Popen([sys.executable, "-m", "nodeprobe", "code-smoke"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc.stdin.write(json.dumps(spec))
+    proc.stdin.close()
+    seen: dict[str, set[int] | list[str]] = {"pids": set(), "addrs": []}
+
+    def watch():
+        while proc.poll() is None:
+            kids = descendants(proc.pid)
+            seen["pids"] |= kids
+            seen["addrs"] += listeners_of(kids)
+            time.sleep(1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    out = json.loads(proc.stdout.read())
+    proc.wait(timeout=30)
+    watcher.join()
+    assert out["verdict"] == "inconclusive" and out["timed_out"], out
+    assert len(seen["pids"]) >= 3 and len(seen["addrs"]) >= 3, seen  # the store, and gloo on each rank
+    assert all(a.startswith("127.0.0.1:") for a in seen["addrs"]), seen["addrs"]
+    assert not [p for p in seen["pids"] if os.path.exists(f"/proc/{p}")]  # every process ended
