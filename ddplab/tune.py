@@ -7,10 +7,11 @@ entry point with its arguments, or the built-in trainer) trains for at most --se
     1xN   the master alone, N processes (--procs, default 2), the cores split between them
     all   every node of the inventory, as launch.yml starts it (ddplab_nproc_per_node per node)
 
-The two layouts on the master alone run as local ranks over loopback gloo (nodeprobe/code_smoke.py, the
-launcher of the smoke run: nothing listens beyond loopback, the code runs in a scratch copy);
-`all` runs through launch.yml (prepared and checked first), is stopped after --seconds and its logs
-collected. Tokens/s come from what the run printed (nodeprobe/log_metrics.py: nanochat's tok/sec,
+`all` runs first, through launch.yml (which prepares and checks the lab when it needs it), is stopped
+after --seconds and its logs collected. The two layouts on the master alone then run as local ranks over
+loopback gloo (playbooks/tune_node.yml, nodeprobe/code_tune.py with the smoke run's launcher: nothing
+listens beyond loopback, the code runs in a scratch copy). A lab of one node has no `all`: prepare it
+first (launch.yml). Tokens/s come from what the run printed (nodeprobe/log_metrics.py: nanochat's tok/sec,
 nanoGPT's iter lines with its tokens per iteration, the built-in trainer's progress line, or
 ddplab_log_pattern), as the median over its steps after the first, with the min-max; the all-reduce
 share of a step where the output gives it (the built-in trainer; a pattern with allreduce_ms).
@@ -21,6 +22,7 @@ layout to use.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -78,10 +80,12 @@ def _fmt(v, spec=".0f"):
 
 def markdown(tune: dict) -> str:
     lines = [f"# Tune {tune['id']}", "",
-             f"- what ran: {tune['what']}", f"- seconds per layout: {tune['seconds']}",
+             f"- what ran: {tune['what']}",
+             f"- seconds per layout and round: {tune['seconds']}",
+             f"- rounds (interleaved): {tune.get('rounds', 1)}",
              f"- master: {tune['master']}; nodes: {', '.join(tune['nodes'])}", "",
-             "| layout | nodes x procs | steps | tokens/s (median) | min-max | step ms | all-reduce share "
-             "| note |", "|---|---|---|---|---|---|---|---|"]
+             "| layout | nodes x procs | steps | tokens/s (median) | min-max over steps | step ms "
+             "| all-reduce share | note |", "|---|---|---|---|---|---|---|---|"]
     for r in tune["rows"]:
         share = "-" if r["allreduce_share"] is None else f"{100 * r['allreduce_share']:.0f} %"
         lines.append(f"| {r['layout']} | {r['nodes']} x {r['procs_per_node']} | {r['steps']} | "
@@ -133,39 +137,41 @@ def playbook(inv: str, name: str, extra: dict, log: Path, show_progress: bool = 
         return proc.wait()
 
 
-def run_local(inv: str, out: Path, procs: int, seconds: int) -> dict:
-    """The master alone with `procs` local ranks: playbooks/tune_node.yml brings back <layout>.json."""
-    name = f"1x{procs}"
-    print(f"ddplab tune: {name} on the master (up to {seconds} s)", flush=True)
-    rc = playbook(inv, "tune_node.yml", {"tune_procs": procs, "tune_seconds": seconds, "tune_dest": str(out)},
-                  out / f"{name}.ansible.log")
-    result = out / f"{name}.json"
+def run_local(inv: str, out: Path, rid: str, procs: int, seconds: int) -> tuple[list, str]:
+    """The master alone with `procs` local ranks (playbooks/tune_node.yml): (records, note)."""
+    print(f"ddplab tune: {rid}: the master alone, {procs} process(es), up to {seconds} s", flush=True)
+    rc = playbook(inv, "tune_node.yml", {"tune_procs": procs, "tune_seconds": seconds, "tune_dest": str(out),
+                                         "ddplab_run_id": rid}, out / f"{rid}.ansible.log")
+    result = out / f"1x{procs}.json"
     if rc != 0 or not result.exists():
-        return layout_figures(name, 1, procs, [], note=f"failed: see {name}.ansible.log")
+        return [], f"failed: see {rid}.ansible.log"
     got = json.loads(result.read_text())
-    note = got.get("note", "")
-    return layout_figures(name, 1, procs, got.get("records", []), note=note)
+    result.rename(out / f"{rid}.json")
+    with contextlib.suppress(OSError):
+        (out / f"1x{procs}.log").rename(out / f"{rid}.log")
+    return got.get("records", []), got.get("note", "")
 
 
-def run_all(inv: str, out: Path, rid: str, seconds: int, master: str, pattern: str) -> dict:
-    """Every node, through launch.yml; stopped after `seconds` (or at its end), then collected."""
-    print(f"ddplab tune: all nodes, run {rid} (up to {seconds} s of training)", flush=True)
+def run_all(inv: str, out: Path, rid: str, seconds: int, master: str, pattern: str) -> tuple[list, str]:
+    """Every node, through launch.yml; stopped after `seconds` (or at its end), then collected:
+    (records of the master's log, note)."""
+    print(f"ddplab tune: {rid}: every node, up to {seconds} s of training", flush=True)
     runs = out / "runs"
     common = {"ddplab_run_id": rid, "ddplab_runs_dir": str(runs)}
-    rc = playbook(inv, "launch.yml", {**common, "ddplab_wait": True, "ddplab_wait_timeout": seconds},
-                  out / "all.ansible.log", show_progress=True)
-    timed_out = rc != 0 and TIMED_OUT in (out / "all.ansible.log").read_text()
+    log = out / f"{rid}.ansible.log"
+    rc = playbook(inv, "launch.yml", {**common, "ddplab_wait": True, "ddplab_wait_timeout": seconds}, log,
+                  show_progress=True)
+    timed_out = rc != 0 and TIMED_OUT in log.read_text()
     if rc != 0 and not timed_out:
-        return layout_figures("all", 0, 0, [], note="failed: see all.ansible.log")
+        return [], f"failed: see {rid}.ansible.log"
     if timed_out:
-        playbook(inv, "stop.yml", common, out / "all.stop.log")
-        playbook(inv, "collect_logs.yml", common, out / "all.collect.log")
-    log = runs / rid / master / "launch.log"
-    records = log_metrics.read_log(str(log), pattern, whole=True)["records"] if log.exists() else []
-    summary = runs / rid / "summary.json"
-    nodes = json.loads(summary.read_text()).get("hosts") if summary.exists() else None
-    return layout_figures("all", len(nodes) if isinstance(nodes, list) else 0, 0, records,
-                          note="stopped after the time limit" if timed_out else "ran to its end")
+        playbook(inv, "stop.yml", common, out / f"{rid}.stop.log")
+        playbook(inv, "collect_logs.yml", common, out / f"{rid}.collect.log")
+    launch_log = runs / rid / master / "launch.log"
+    if not launch_log.exists():
+        return [], "no launch.log of the master collected"
+    records = log_metrics.read_log(str(launch_log), pattern, whole=True)["records"]
+    return records, "stopped after the time limit" if timed_out else "ran to its end"
 
 
 def cmd_tune(args) -> int:
@@ -178,15 +184,21 @@ def cmd_tune(args) -> int:
     tid = args.id or tune_id()
     out = Path(args.out or REPO / "runs") / tid
     out.mkdir(parents=True, exist_ok=False)
-    rows = [run_local(args.inventory, out, 1, args.seconds)]
-    if args.procs > 1:
-        rows.append(run_local(args.inventory, out, args.procs, args.seconds))
-    if len(nodes) > 1:
-        row = run_all(args.inventory, out, f"{tid}-all", args.seconds, master, pattern)
-        row["nodes"] = row["nodes"] or len(nodes)
-        row["procs_per_node"] = row["procs_per_node"] or int(hv.get("ddplab_nproc_per_node", 1) or 1)
-        rows.append(row)
-    tune = {"id": tid, "what": what.strip(), "seconds": args.seconds, "master": master,
+    # (name, nodes, processes per node); all first: launch.yml prepares the lab when it needs it
+    per_node = int(hv.get("ddplab_nproc_per_node", 1) or 1)
+    layouts = ([("all", len(nodes), per_node)] if len(nodes) > 1 else []) + [("1x1", 1, 1)] \
+        + ([(f"1x{args.procs}", 1, args.procs)] if args.procs > 1 else [])
+    got = {name: ([], []) for name, _n, _p in layouts}
+    for k in range(1, args.rounds + 1):  # interleaved: other work on the machines moves every layout alike
+        for name, _n, procs in layouts:
+            rid = f"{tid}-{name}-r{k}"
+            records, note = (run_all(args.inventory, out, rid, args.seconds, master, pattern) if name == "all"
+                             else run_local(args.inventory, out, rid, procs, args.seconds))
+            got[name][0].extend(records[1:] if k > 1 else records)  # each round's first step warms up
+            got[name][1].append(note)
+    rows = [layout_figures(name, n, procs, got[name][0], note="; ".join(dict.fromkeys(got[name][1])))
+            for name, n, procs in sorted(layouts, key=lambda x: (x[1], x[2]))]
+    tune = {"id": tid, "what": what.strip(), "seconds": args.seconds, "rounds": args.rounds, "master": master,
             "nodes": [n.name for n in nodes], "rows": rows}
     tune["advice"] = recommend(rows)
     write(tune, out)
@@ -199,6 +211,7 @@ def add_parser(sub):
     p = sub.add_parser("tune", help="tokens/s of 1 node x 1 process, 1 node x N processes and all nodes")
     p.add_argument("-i", "--inventory", required=True, help="the lab's inventory (ansible-playbook -i)")
     p.add_argument("--seconds", type=int, default=120, help="longest time each layout trains (default 120)")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds of every layout (default 1)")
     p.add_argument("--procs", type=int, default=2, help="processes of the 1xN layout (default 2; 1: skip it)")
     p.add_argument("--id", default="", help="the tune's id (default tune-<date>-<time>)")
     p.add_argument("--out", default="", help="folder for runs/<id>/ (default the repository's runs/)")

@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("code-smoke", help="run the user's entry point as 2 CPU ranks over loopback gloo and "
                                       "judge it, from a JSON spec on stdin (nodeprobe/code_smoke.py)")
+    sub.add_parser("code-tune", help="run the configured entry point as N local ranks over loopback gloo "
+                                     "for a bounded time, read its tokens/s (nodeprobe/code_tune.py)")
 
     sub.add_parser("place-files", help="write small files from a JSON spec on stdin, each only when it "
                                        "differs (nodeprobe/place_files.py)")
@@ -177,11 +179,11 @@ def main(argv=None) -> int:
             return 1
         print(json.dumps(result), flush=True)
         return 0
-    if args.cmd == "code-smoke":
-        from nodeprobe import code_smoke
+    if args.cmd in ("code-smoke", "code-tune"):
+        from nodeprobe import code_smoke, code_tune
 
         try:
-            result = code_smoke.run(sys.stdin.read())
+            result = (code_smoke if args.cmd == "code-smoke" else code_tune).run(sys.stdin.read())
         except code_smoke.SpecError as e:
             parser.error(str(e))
         except (OSError, RuntimeError) as e:  # one line naming what failed, no traceback

@@ -97,13 +97,14 @@ def loopback_socket() -> socket.socket:
 
 
 def rank_env(spec: dict, rank: int, port: int, code: Path, run_dir: Path) -> dict:
+    world = str(int(spec.get("world") or WORLD))
     env = {k: v for k, v in os.environ.items() if k not in INHERITED_NOT}
     threads = str(int(spec.get("threads") or 1))
     env.update({str(k): str(v) for k, v in (spec.get("lab_env") or {}).items()})
     env.update({str(k): str(v) for k, v in (spec.get("user_env") or {}).items()})
     env.update({
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD),
-        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(WORLD),
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world,
+        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": world,
         "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
         "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "ddplab-smoke",
         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "GLOO_SOCKET_IFNAME": "lo",
@@ -135,14 +136,24 @@ def tail(path: Path, lines: int = 12) -> list[str]:
         return []
 
 
+def rank_argv(spec: dict, report: Path, steps: int) -> list[str]:
+    """A rank's command: the entry point under the recording shim, or (``measure``: ddplab tune) as it is."""
+    entry = entry_argv(spec["entrypoint"], spec.get("args") or [])
+    if spec.get("measure"):
+        return [spec["python"], *entry]
+    return [spec["python"], str(RANK_SCRIPT), "rank", str(report), str(steps), "--", *entry]
+
+
 def run_ranks(spec: dict, scratch: Path) -> dict:
-    """Start the store and the ranks, watch their reports, end them all; what each rank recorded."""
+    """Start the store and the ranks (``world``, default 2), watch their reports, end them all; what each
+    rank recorded."""
     code, run_dir, reports, logs = (scratch / d for d in ("code", "run", "report", "logs"))
     for d in (code, run_dir, reports, logs):
         d.mkdir(exist_ok=True)
     copied = copy_tree(Path(spec["src"]), code)
     cwd = code if spec.get("workdir", "code") == "code" else run_dir
     python, seconds, steps = spec["python"], float(spec.get("seconds") or 90), int(spec.get("steps") or 2)
+    world = int(spec.get("world") or WORLD)
     sock = loopback_socket()
     port = sock.getsockname()[1]
     procs: list[subprocess.Popen] = []
@@ -155,18 +166,17 @@ def run_ranks(spec: dict, scratch: Path) -> dict:
                                      stderr=subprocess.STDOUT, preexec_fn=join_group(0), cwd=scratch)
         procs.append(store)
         sock.close()  # the store holds it now
-        for rank in range(WORLD):
+        for rank in range(world):
             with open(logs / f"rank{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(
-                    [python, str(RANK_SCRIPT), "rank", str(reports / f"rank{rank}.json"), str(steps), "--",
-                     *entry_argv(spec["entrypoint"], spec.get("args") or [])],
+                    rank_argv(spec, reports / f"rank{rank}.json", steps),
                     env=rank_env(spec, rank, port, code, run_dir), cwd=cwd, stdin=subprocess.DEVNULL,
                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=join_group(store.pid)))
         ranks = procs[1:]
         failed_at = None
         while True:
             time.sleep(POLL_S)
-            recs = [read_json(reports / f"rank{r}.json") or {} for r in range(WORLD)]
+            recs = [read_json(reports / f"rank{r}.json") or {} for r in range(world)]
             if all(rec.get("done") for rec in recs) or all(p.poll() is not None for p in ranks):
                 break
             if failed_at is None and any(p.poll() not in (None, 0) for p in ranks):
