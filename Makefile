@@ -13,6 +13,7 @@ PYTHONS ?= 3.11
 INV ?=
 TUNE_SECONDS ?= 120
 TUNE_PROCS ?= 2
+TUNE_ROUNDS ?= 1
 # make test: test files run in this many parallel workers, each with its own simulated lab (tests/conftest.py)
 TEST_WORKERS ?= 3
 
@@ -46,7 +47,7 @@ wheelhouse: setup  ## The pinned CPU torch + deps and your requirements' wheels,
 	$(BIN)/python -m ddplab.wheelhouse fill --dir $(WHEELHOUSE) $(foreach p,$(PYTHONS),--python $(p)) $(if $(INV),-i $(INV))
 
 tune: setup  ## tokens/s of 1 node x 1 process, 1 node x N processes and all nodes (INV=inventory/<yours>)
-	$(BIN)/python -m ddplab tune -i $(or $(INV),inventory/local) --seconds $(TUNE_SECONDS) --procs $(TUNE_PROCS)
+	$(BIN)/python -m ddplab tune -i $(or $(INV),inventory/local) --seconds $(TUNE_SECONDS) --procs $(TUNE_PROCS) --rounds $(TUNE_ROUNDS)
 
 train: data  ## Single machine, 2 ranks, no Ansible
 	$(BIN)/torchrun --standalone --nproc_per_node=2 -m trainer --data $(DATA) --out runs/train-$$(date +%Y%m%d-%H%M%S) \

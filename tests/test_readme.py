@@ -26,6 +26,7 @@ LOCAL = [
     "python -m trainer --help",
     "ansible-playbook -i inventory/local playbooks/launch.yml -e ddplab_wait=true",
     "make demo",
+    "make tune",
 ]
 SIMLAN = [
     "python -m simlan up --nodes 2",
@@ -73,6 +74,14 @@ def test_local_readme_commands_run_as_typed():
         if "launch.yml" in cmd or cmd == "make demo":
             assert "failed=0" in proc.stdout and "byte_equivalent: True" in (proc.stdout + run(
                 "cat runs/$(cat ~/ddplab/local0/last_run)/report.md", 30).stdout)
+        if cmd == "make tune":  # every layout trained and was timed; the table, the advice and the plot
+            for layout in ("1x1 | 1 x 1", "1x2 | 1 x 2", "all | 2 x 1"):
+                row = next(ln for ln in proc.stdout.splitlines() if ln.startswith(f"| {layout} |"))
+                assert float(row.split("|")[4]) > 0, row
+            assert re.search(r"^\*\*use (1x1|1x2|all): ", proc.stdout, re.M)
+            out = Path(re.search(r"wrote (\S+)/tune\.md", proc.stdout).group(1))
+            assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
+            shutil.rmtree(out)
 
 
 @pytest.mark.slow
