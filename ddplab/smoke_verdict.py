@@ -81,10 +81,11 @@ def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tupl
     lines = [message]
     lines += [f"ddplab: error: also: {p['what']}" + (f" at {p['where']}" if p.get("where") else "")
               for p in result["problems"][1:]]
-    crashed = next((r for r in result.get("ranks") or [] if r.get("traceback")), None)
-    if first["kind"] == "crash" and crashed:
-        lines.append("ddplab: the rank's traceback (last lines):")
-        lines += ["  " + ln for ln in crashed["traceback"].rstrip().splitlines()[-6:]]
+    crashed = next((r for r in result.get("ranks") or [] if r.get("rank") == first.get("rank")), None)
+    chain = ((crashed or {}).get("error") or {}).get("chain") or []
+    if first["kind"] == "crash" and len(chain) > 1:
+        lines.append("ddplab: reached through " + " -> ".join(f"{c['file']}:{c['line']} ({c['func']})"
+                                                             for c in chain))
     lines.append("ddplab: the launch is refused before any rank starts (nothing was left in your code "
                  "folder); patch the code, or set ddplab_smoke_run: false to rely on the CPU check alone")
     return 1, lines

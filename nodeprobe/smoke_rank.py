@@ -107,14 +107,14 @@ class Recorder:
     def on_error(self, exc: BaseException) -> None:
         frames = [{"file": f.filename, "line": f.lineno, "func": f.name}
                   for f in traceback.extract_tb(exc.__traceback__)]
-        user = [f for f in frames if os.path.realpath(f["file"]).startswith(self.code_root + os.sep)]
-        where = None
-        if user:
-            where = {"file": os.path.relpath(os.path.realpath(user[-1]["file"]), self.code_root),
-                     "line": user[-1]["line"], "func": user[-1]["func"]}
+        user = [f for f in frames if os.path.isabs(f["file"])  # not "<frozen runpy>"
+                and os.path.realpath(f["file"]).startswith(self.code_root + os.sep)]
+        chain = [{"file": os.path.relpath(os.path.realpath(f["file"]), self.code_root), "line": f["line"],
+                  "func": f["func"]} for f in user]
+        where = chain[-1] if chain else None
         with self.lock:
             self.rec["error"] = {"type": type(exc).__name__, "message": str(exc).strip()[:600],
-                                 "where": where, "t": time.time(),
+                                 "where": where, "chain": chain[-5:], "t": time.time(),
                                  "traceback": "".join(traceback.format_exception(exc))[-4000:]}
             self.write()
 

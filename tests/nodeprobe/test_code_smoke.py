@@ -150,6 +150,8 @@ def test_nanochat_shaped_code_is_refused_at_its_optimizer_with_the_scans_hint(re
     out = verdict(r, "-m scripts.base_train", CHATLIKE)
     assert out.returncode == 1, out
     assert "; the CPU check there: nanochat/common.py:" in out.stdout  # where the group should be made
+    assert "reached through scripts/base_train.py:" in out.stdout
+    assert f"-> nanochat/optim.py:{line} (step)" in out.stdout
     assert 'init_process_group(backend="nccl" if device_type == "cuda" else "gloo")' in out.stdout
 
 
