@@ -25,15 +25,15 @@ HINT_KINDS = {"no-group": {"pg-only-on-cuda", "nccl"}, "bad-group": {"nccl", "pg
 
 
 def hints_for(problem: dict, findings: list[Finding]) -> list[Finding]:
-    """The scan's findings at the problem's place, or of the kinds that explain it."""
-    if problem.get("where"):
-        at = [f for f in findings if f"{f.path}:{f.line}" == problem["where"]]
-        if at:
-            return at
+    """The scan's findings of the kinds that explain the problem and its errors at the problem's place;
+    failing those, its warnings there."""
+    at = [f for f in findings if problem.get("where") and f"{f.path}:{f.line}" == problem["where"]]
     kinds = set(HINT_KINDS.get(problem["kind"], set()))
     if problem["kind"] == "crash" and "process group" in problem["what"]:
         kinds.add("pg-only-on-cuda")  # a collective without a group: the group was made on CUDA only
-    return [f for f in findings if f.kind in kinds]
+    hints = [f for f in findings if f.kind in kinds]
+    hints += [f for f in at if f.severity == "error" and f not in hints]
+    return hints or at
 
 
 def summary(result: dict) -> str:
@@ -76,7 +76,7 @@ def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tupl
     message = f"ddplab: error: {what}, {seconds:g} s): {first['what']}{place}; patch: {first['fix']}"
     hints = hints_for(first, findings)
     if hints:
-        message += "; the CPU check there: " + " | ".join(
+        message += "; the CPU check: " + " | ".join(
             f"{f.path}:{f.line}: {f.what}; patch: {f.patch}" for f in hints)
     lines = [message]
     lines += [f"ddplab: error: also: {p['what']}" + (f" at {p['where']}" if p.get("where") else "")

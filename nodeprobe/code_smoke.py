@@ -213,9 +213,12 @@ def judge(run: dict) -> dict:
     if errors:
         first = errors[0]
         err = first["error"]
+        fix = ('create the process group on CPU too (init_process_group(backend="gloo")) before this call'
+               if first.get("init") is None and "process group" in err["message"]
+               else "make the code run on CPU under gloo at that place")
         return {"verdict": "fail", "problems": [problem(
             "crash", f"rank {first['rank']} raised {err['type']}: {err['message']}".rstrip(": "),
-            "make the code run on CPU under gloo at that place", first["rank"], err.get("where"))]}
+            fix, first["rank"], err.get("where"))]}
     killed = [r for r in ranks if r.get("returncode") not in (0, None, -9) and r.get("exit") is None]
     if killed:
         r = killed[0]
