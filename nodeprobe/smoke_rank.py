@@ -8,8 +8,8 @@ would give it, and records in REPORT (JSON, rewritten at each event): whether
 ``torch.distributed.init_process_group`` ran, its backend and world size; the collectives called, by kind
 (the ``torch.distributed`` functions) and in all (the process groups' sequence numbers, which also count
 DDP's reducer: its all-reduces go from C++ to the ProcessGroup, past any Python function; with torch 2.13
-on gloo, building DDP moves the number by 3 and each backward by one per bucket, more on the first, which
-rebuilds the buckets); how many DDP
+on gloo and a one-bucket model, building DDP moved the number by 3, the first backward by 1 and the
+second by 3, when DDP rebuilds its buckets); how many DDP
 models were built; after each optimizer step (torch's global step post-hook, which every
 ``torch.optim.Optimizer`` subclass runs) a sha256 of that optimizer's parameters; and the first
 exception, with its frames. After STEPS optimizer steps the rank records ``done`` and sleeps: the
