@@ -25,15 +25,15 @@ HINT_KINDS = {"no-group": {"pg-only-on-cuda", "nccl"}, "bad-group": {"nccl", "pg
 
 
 def hints_for(problem: dict, findings: list[Finding]) -> list[Finding]:
-    """The scan's findings at the problem's place, or of the kinds that explain it."""
-    if problem.get("where"):
-        at = [f for f in findings if f"{f.path}:{f.line}" == problem["where"]]
-        if at:
-            return at
+    """The scan's findings of the kinds that explain the problem and its errors at the problem's place;
+    failing those, its warnings there."""
+    at = [f for f in findings if problem.get("where") and f"{f.path}:{f.line}" == problem["where"]]
     kinds = set(HINT_KINDS.get(problem["kind"], set()))
     if problem["kind"] == "crash" and "process group" in problem["what"]:
         kinds.add("pg-only-on-cuda")  # a collective without a group: the group was made on CUDA only
-    return [f for f in findings if f.kind in kinds]
+    hints = [f for f in findings if f.kind in kinds]
+    hints += [f for f in at if f.severity == "error" and f not in hints]
+    return hints or at
 
 
 def summary(result: dict) -> str:
@@ -76,15 +76,16 @@ def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tupl
     message = f"ddplab: error: {what}, {seconds:g} s): {first['what']}{place}; patch: {first['fix']}"
     hints = hints_for(first, findings)
     if hints:
-        message += "; the CPU check there: " + " | ".join(
+        message += "; the CPU check: " + " | ".join(
             f"{f.path}:{f.line}: {f.what}; patch: {f.patch}" for f in hints)
     lines = [message]
     lines += [f"ddplab: error: also: {p['what']}" + (f" at {p['where']}" if p.get("where") else "")
               for p in result["problems"][1:]]
-    crashed = next((r for r in result.get("ranks") or [] if r.get("traceback")), None)
-    if first["kind"] == "crash" and crashed:
-        lines.append("ddplab: the rank's traceback (last lines):")
-        lines += ["  " + ln for ln in crashed["traceback"].rstrip().splitlines()[-6:]]
+    crashed = next((r for r in result.get("ranks") or [] if r.get("rank") == first.get("rank")), None)
+    chain = ((crashed or {}).get("error") or {}).get("chain") or []
+    if first["kind"] == "crash" and len(chain) > 1:
+        lines.append("ddplab: reached through " + " -> ".join(f"{c['file']}:{c['line']} ({c['func']})"
+                                                             for c in chain))
     lines.append("ddplab: the launch is refused before any rank starts (nothing was left in your code "
                  "folder); patch the code, or set ddplab_smoke_run: false to rely on the CPU check alone")
     return 1, lines

@@ -24,6 +24,7 @@ cache, code_hash_file.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -115,11 +116,19 @@ def rank_env(spec: dict, rank: int, port: int, code: Path, run_dir: Path) -> dic
     return env
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def join_group(pgid: int):
-    """A child's first act: join a process group (0: a new one, the store's, that the ranks join), so one
+    """A child's first acts: join a process group (0: a new one, the store's, that the ranks join), so one
     killpg ends every process the smoke run started (their session stays the caller's: setpgid allows no
-    other)."""
-    return lambda: os.setpgid(0, pgid)
+    other); and ask the kernel to kill it when this launcher dies (killed itself, or its SSH session gone)
+    before it could end them."""
+    def setup():
+        os.setpgid(0, pgid)
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return setup
 
 
 def read_json(path: Path) -> dict | None:
@@ -223,9 +232,12 @@ def judge(run: dict) -> dict:
     if errors:
         first = errors[0]
         err = first["error"]
+        fix = ('create the process group on CPU too (init_process_group(backend="gloo")) before this call'
+               if first.get("init") is None and "process group" in err["message"]
+               else "make the code run on CPU under gloo at that place")
         return {"verdict": "fail", "problems": [problem(
             "crash", f"rank {first['rank']} raised {err['type']}: {err['message']}".rstrip(": "),
-            "make the code run on CPU under gloo at that place", first["rank"], err.get("where"))]}
+            fix, first["rank"], err.get("where"))]}
     killed = [r for r in ranks if r.get("returncode") not in (0, None, -9) and r.get("exit") is None]
     if killed:
         r = killed[0]
@@ -353,5 +365,12 @@ def code_smoke(spec: dict) -> dict:
             "ranks": ranks, "key": key}
 
 
+def stop_on_signal(signum, _frame):
+    raise SystemExit(128 + signum)  # the finally blocks end the ranks and remove the scratch copy
+
+
 def run(text: str) -> dict:
-    return code_smoke(read_spec(text, ("python", "src", "scratch", "entrypoint")))
+    spec = read_spec(text, ("python", "src", "scratch", "entrypoint"))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop_on_signal)
+    return code_smoke(spec)

@@ -7,7 +7,9 @@
 would give it, and records in REPORT (JSON, rewritten at each event): whether
 ``torch.distributed.init_process_group`` ran, its backend and world size; the collectives called, by kind
 (the ``torch.distributed`` functions) and in all (the process groups' sequence numbers, which also count
-DDP's reducer: its all-reduces go from C++ to the ProcessGroup, past any Python function); how many DDP
+DDP's reducer: its all-reduces go from C++ to the ProcessGroup, past any Python function; with torch 2.13
+on gloo and a one-bucket model, building DDP moved the number by 3, the first backward by 1 and the
+second by 3, when DDP rebuilds its buckets); how many DDP
 models were built; after each optimizer step (torch's global step post-hook, which every
 ``torch.optim.Optimizer`` subclass runs) a sha256 of that optimizer's parameters; and the first
 exception, with its frames. After STEPS optimizer steps the rank records ``done`` and sleeps: the
@@ -107,14 +109,14 @@ class Recorder:
     def on_error(self, exc: BaseException) -> None:
         frames = [{"file": f.filename, "line": f.lineno, "func": f.name}
                   for f in traceback.extract_tb(exc.__traceback__)]
-        user = [f for f in frames if os.path.realpath(f["file"]).startswith(self.code_root + os.sep)]
-        where = None
-        if user:
-            where = {"file": os.path.relpath(os.path.realpath(user[-1]["file"]), self.code_root),
-                     "line": user[-1]["line"], "func": user[-1]["func"]}
+        user = [f for f in frames if os.path.isabs(f["file"])  # not "<frozen runpy>"
+                and os.path.realpath(f["file"]).startswith(self.code_root + os.sep)]
+        chain = [{"file": os.path.relpath(os.path.realpath(f["file"]), self.code_root), "line": f["line"],
+                  "func": f["func"]} for f in user]
+        where = chain[-1] if chain else None
         with self.lock:
             self.rec["error"] = {"type": type(exc).__name__, "message": str(exc).strip()[:600],
-                                 "where": where, "t": time.time(),
+                                 "where": where, "chain": chain[-5:], "t": time.time(),
                                  "traceback": "".join(traceback.format_exception(exc))[-4000:]}
             self.write()
 

@@ -60,7 +60,7 @@ def test_the_smoke_run_refuses_code_that_crashes_on_cpu_at_its_line(tmp_path):
     assert "the smoke run of your code before the ranks start decides" in out  # the scan no longer refuses
     assert "ddplab: error: the smoke run of train.py on local0 (2 CPU ranks over loopback" in out, tail(proc)
     assert f"NCCL built in at train.py:{init}; patch: " in out, tail(proc)
-    assert f"the CPU check there: train.py:{init}: " in out
+    assert f"; the CPU check: train.py:{init}: " in out
     for lab in ("local0", "local1"):
         root = home / "ddplab" / lab
         assert not (root / "runs" / "smoke-refused").exists()  # no rank started, the scratch copy is gone

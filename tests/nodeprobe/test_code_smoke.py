@@ -144,12 +144,14 @@ def test_nanochat_shaped_code_is_refused_at_its_optimizer_with_the_scans_hint(re
     r = results["-m scripts.base_train"]
     p = problem(r)
     optim = (CHATLIKE / "nanochat" / "optim.py").read_text().splitlines()
-    line = next(i + 1 for i, ln in enumerate(optim) if "dist.all_reduce" in ln)
+    line = next(i + 1 for i, ln in enumerate(optim) if "dist.reduce_scatter_tensor" in ln)
     assert p["kind"] == "crash" and p["where"] == f"nanochat/optim.py:{line}", r
     assert "process group has not been initialized" in p["what"]
     out = verdict(r, "-m scripts.base_train", CHATLIKE)
     assert out.returncode == 1, out
-    assert "; the CPU check there: nanochat/common.py:" in out.stdout  # where the group should be made
+    assert "; the CPU check: nanochat/common.py:" in out.stdout  # where the group should be made
+    assert "reached through scripts/base_train.py:" in out.stdout
+    assert f"-> nanochat/optim.py:{line} (step)" in out.stdout
     assert 'init_process_group(backend="nccl" if device_type == "cuda" else "gloo")' in out.stdout
 
 

@@ -10,7 +10,7 @@ parser.add_argument("--device-type", default="cuda")
 parser.add_argument("--num-iterations", type=int, default=4)
 args = parser.parse_args()
 ddp, ddp_rank, ddp_local_rank, ddp_world_size, device = compute_init(args.device_type)
-model = torch.nn.Linear(8, 1).to(device)
+model = torch.nn.Linear(8, 4).to(device)
 optimizer = DistSGD(model.parameters(), lr=0.1)
 for _ in range(args.num_iterations):
     model(torch.randn(4, 8)).pow(2).mean().backward()
