@@ -1,5 +1,6 @@
-"""The README is a test: every command in its ```bash blocks runs here exactly as typed (no extra -e),
-on the inventory it names, from the repository root with the venv's tools first on PATH.
+"""The README is a test: every command in the ```bash blocks of README.md and of the docs pages
+(docs/*.md) runs here exactly as typed (no extra -e), on the inventory it names, from the repository root
+with the venv's tools first on PATH.
 
 `make test` is the one exception: it is what CI runs (.ci/run), so it cannot run inside itself.
 """
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+README = "\n".join(p.read_text() for p in PAGES)
 EXEMPT = {"make test": "the CI entry itself (.ci/run runs it)"}
 # Commands of the local blocks, in the order a reader runs them (data first: launch needs shards).
 LOCAL = [
@@ -37,7 +39,7 @@ SIMLAN = [
 
 
 def readme_commands() -> list[str]:
-    """Each command line of the README's bash blocks, comments stripped."""
+    """Each command line of the bash blocks of the README and the docs pages, comments stripped."""
     out = []
     for block in re.findall(r"```bash\n(.*?)```", README, re.S):
         for line in block.splitlines():
@@ -59,10 +61,10 @@ def run(cmd: str, timeout: float) -> subprocess.CompletedProcess:
 
 def test_every_readme_command_is_run_by_a_test():
     shown = readme_commands()
-    assert shown, "no ```bash block found in README.md"
+    assert shown, "no ```bash block found in README.md or docs/"
     assert set(shown) - set(LOCAL) - set(SIMLAN) - set(EXEMPT) == set()
     for cmd in LOCAL + SIMLAN:
-        assert cmd in shown, f"{cmd!r} is no longer in README.md: update tests/test_readme.py"
+        assert cmd in shown, f"{cmd!r} is no longer in README.md or docs/: update tests/test_readme.py"
 
 
 @pytest.mark.slow

@@ -95,8 +95,8 @@ def outputs() -> dict[Path, str]:
                                             "the default (or an example when the comment names the "
                                             "default). Override any of them for one command with -e "
                                             "NAME=VALUE."),
-        example / "code.yml": example_yml(CODE, "Bring your own training code (README \"Bring your own "
-                                          "training code\"). All optional: unset, ddplab runs its built-in "
+        example / "code.yml": example_yml(CODE, "Bring your own training code (docs/your-code.md). "
+                                          "All optional: unset, ddplab runs its built-in "
                                           "trainer; the value shown is an example. Any of these may also be "
                                           "set per group or per host (group_vars/, host_vars/)."),
     }

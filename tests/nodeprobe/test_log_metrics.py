@@ -132,7 +132,7 @@ def test_a_partial_last_line_is_left_out(tmp_path):
 def test_the_documented_examples_are_usable_patterns():
     from ddplab.settings.spec import BY_NAME
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "your-code.md").read_text()
     shown = re.search(r"e\.g\.\s+`'(\^step [^`]+)'`", readme).group(1)
     for text in (BY_NAME["ddplab_log_pattern"].example, shown):
         fmt = lm.custom_format(text)
