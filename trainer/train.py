@@ -102,13 +102,7 @@ def run(cfg: TrainConfig) -> int:
     di = start.di
     parts = build(cfg, start)
     node_writer = D.is_main_process() or (cfg.elastic and di.local_rank == 0)  # writes into its OUT
-    resumed, membership = load_resume_state(cfg, start, node_writer)
-    if resumed is not None:
-        checkpoint.restore(resumed, cfg, parts, di.rank)
-        if cfg.elastic:  # one run id across groups
-            start.run_id = resumed.get("run_id", start.run_id)
-    elif cfg.resume:
-        D.print0(f"ddplab: no checkpoint in {checkpoint.ckpt_dir(cfg.out)}, starting at step 0")
+    resumed, membership = resume(cfg, start, parts, node_writer)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     resolved = resolved_config(cfg, start, parts)
@@ -137,9 +131,7 @@ def run(cfg: TrainConfig) -> int:
         if cfg.balance and parts.shares.due(done):
             parts.shares.rebalance(prog.records, done)
         if D.is_main_process() and (done % cfg.log_every == 0 or done == cfg.steps):
-            recent = prog.records[-10:]
-            eta = (cfg.steps - done) * sum(r["dt_ms"] for r in recent) / len(recent) / 1e3
-            print(progress_line(rec, cfg.steps, eta), flush=True)
+            print(progress_line(rec, cfg.steps, eta_s(prog.records, cfg.steps - done)), flush=True)
         if synced:  # between syncs the ranks hold different parameters: no check, no checkpoint
             after_sync(cfg, start, parts, prog, done, node_writer)
     metrics.close()
@@ -196,13 +188,22 @@ def build(cfg: TrainConfig, start: Start) -> Parts:
     return Parts(gcfg, raw, opt, loader, shares, lsgd, evaluator, cfg.tokens_per_rank_step * di.world_size)
 
 
-def load_resume_state(cfg: TrainConfig, start: Start, node_writer: bool) -> tuple[dict | None, dict | None]:
-    """The checkpoint this run continues from (None: step 0) and, with --elastic, the group's membership."""
+def resume(cfg: TrainConfig, start: Start, parts: Parts, writer: bool) -> tuple[dict | None, dict | None]:
+    """Load the checkpoint this run continues from into `parts`; returns it (None: step 0) and, with
+    --elastic, the group's membership."""
+    membership = None
     if cfg.elastic:  # the newest checkpoint any node holds, whatever the world size that wrote it
-        return elastic.agree_and_load(cfg, start.ds.digest, node_writer)
-    if not cfg.resume:
-        return None, None
-    return checkpoint.load_for_resume(cfg, start.ds.digest, start.di.world_size), None
+        resumed, membership = elastic.agree_and_load(cfg, start.ds.digest, writer)
+    else:
+        resumed = (checkpoint.load_for_resume(cfg, start.ds.digest, start.di.world_size) if cfg.resume
+                   else None)
+    if resumed is not None:
+        checkpoint.restore(resumed, cfg, parts, start.di.rank)
+        if cfg.elastic:  # one run id across groups
+            start.run_id = resumed.get("run_id", start.run_id)
+    elif cfg.resume:
+        D.print0(f"ddplab: no checkpoint in {checkpoint.ckpt_dir(cfg.out)}, starting at step 0")
+    return resumed, membership
 
 
 def resolved_config(cfg: TrainConfig, start: Start, parts: Parts) -> dict:
@@ -366,6 +367,12 @@ def write_summaries(cfg: TrainConfig, start: Start, parts: Parts, comm: GradComm
              "val_sequences": val.sequences if val else None, "val_curve": parts.evaluator.curve,
              "val_loss": parts.evaluator.curve[-1][1] if parts.evaluator.curve else None}
     write_json(Path(cfg.out) / "summary.json", run_summary(per_rank, facts))
+
+
+def eta_s(records: list[dict], steps_left: int) -> float:
+    """Seconds left at the mean step time of the last 10 steps."""
+    recent = records[-10:]
+    return steps_left * sum(r["dt_ms"] for r in recent) / len(recent) / 1e3
 
 
 def write_json(path: Path, obj) -> None:
