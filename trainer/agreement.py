@@ -22,6 +22,7 @@ from trainer.data.heldout import ValBatches
 from trainer.data.loader import ShardLoader
 from trainer.data.shards import Dataset, open_dataset
 from trainer.device import cpu_has_bf16, resolve_dtype
+from trainer.local_sgd import crossed
 
 
 def param_sha256(model: torch.nn.Module) -> str:
@@ -59,6 +60,12 @@ def check_params_agree(model, step: int, hosts: list[str]) -> str:
                               f"{shas[0][:12]} vs {who}; the ranks no longer train one model (check that "
                               f"every node runs the same ddplab and torch version)")
     return mine
+
+
+def check_is_due(cfg: TrainConfig, last_sync: int, done: int) -> bool:
+    """A parameter checksum follows the step `done` (right after a sync; the last was after `last_sync`):
+    a multiple of --check-every was crossed since, or the run ends."""
+    return done == cfg.steps or crossed(cfg.check_every, last_sync, done)
 
 
 def setup_checks(cfg: TrainConfig, di: D.DistInfo) -> tuple[dict, Dataset | None, ValBatches | None]:

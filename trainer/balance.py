@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import statistics
 
+from trainer import dist as D
+
 HYSTERESIS = 0.6  # sequences a fractional share must move from its integer share before that changes
 
 
@@ -105,3 +107,38 @@ class ShareController:
             out.append(acc)
             acc += s
         return out
+
+    def rebalance(self, records: list[dict], done: int) -> None:
+        """Every rank all-gathers its compute ms per sequence over the last window; all move the shares.
+        The first step of a process (allocations, first-touch) is left out; the same on every rank."""
+        window = records[max(1, len(records) - self.every):]
+        if not window:
+            return
+        costs = D.all_gather_object(self.window_cost(window))
+        before = list(self.shares)
+        if self.update(costs, done):
+            D.print0(f"ddplab: balance: step {done}: shares {before} -> {self.shares} sequences of "
+                     f"{self.G} (compute ms per sequence: {', '.join(f'{c:.1f}' for c in costs)})")
+
+
+def micro_batches(loader, shares: ShareController | None, batch_size: int, grad_accum: int, rank: int,
+                  world: int) -> list:
+    """This rank's micro-batches of one step as (x, y, scale, part): backward() runs on scale(mean loss),
+    part(scaled loss) is its contribution to this rank's mean loss.
+
+    Uniform (`shares` None): grad_accum micro-batches of batch_size, loss / grad_accum (as always).
+    --balance: the rank's share in micro-batches of at most batch_size; the mean loss of n sequences is
+    scaled by n * world / G, so after DDP divides by the world size the gradient is the mean over every
+    token of the global batch: the update one process makes on the union batch.
+    """
+    if shares is None:
+        k = grad_accum
+        return [(*loader.next_batch(), lambda loss: loss / k, lambda v: v) for _ in range(k)]
+    x, y = loader.next_batch(shares.shares)
+    mine, out, start = shares.shares[rank], [], 0
+    for n in micro_sizes(mine, batch_size):
+        w = n * world / shares.G
+        out.append((x[start:start + n], y[start:start + n], lambda loss, w=w: loss * w,
+                    lambda v, w=w, n=n: v / w * n / mine))
+        start += n
+    return out

@@ -18,11 +18,16 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer import dist as D
 from trainer.config import TrainConfig, UsageError
+from trainer.local_sgd import crossed
+
+if TYPE_CHECKING:
+    from trainer.train import Parts
 
 _NAME = re.compile(r"^step_(\d{6,})\.pt$")
 # settings that must match between a checkpoint and the run that resumes it
@@ -151,3 +156,45 @@ def resume_problem(state: dict, path, cfg: TrainConfig, data_digest: str,
         return (f"checkpoint {path} was written by {state['world_size']} ranks, this run has {world_size}; "
                 f"resume with the same number of ranks")
     return None
+
+
+# ---- the run's side: when to write, what to write, what to restore -------------------------------------
+
+def is_due(cfg: TrainConfig, last_sync: int, done: int) -> bool:
+    """A checkpoint follows the step `done` (1-based, right after a sync; the last sync was after
+    `last_sync`): a multiple of --ckpt-every was crossed since, or the run ends."""
+    return done == cfg.steps or crossed(cfg.ckpt_every, last_sync, done)
+
+
+def save_run(cfg: TrainConfig, parts: Parts, done: int, facts: dict, is_writer: bool) -> None:
+    """Every rank (the positions and RNG states are gathered): write the run's state after step `done`;
+    `facts` are the run's (run id, world size, data digest, loss_first, tokens_seen)."""
+    positions = D.all_gather_object(parts.loader.state_dict())
+    rngs = D.all_gather_object(torch.get_rng_state())
+    extra = parts.lsgd.checkpoint_fields(parts.opt) if parts.lsgd else {}
+    if cfg.elastic:  # one global data position and one RNG state, valid at any world size
+        positions, rngs = positions[:1], rngs[:1]
+    if is_writer:
+        save(cfg.out, done, {
+            "step": done, "model": parts.raw.state_dict(), "optim": parts.opt.state_dict(), "data": positions,
+            "rng": rngs, "balance": parts.shares.state_dict(), "config": cfg.to_dict(), **facts,
+            "val": parts.evaluator.state_dict(), **extra}, keep=cfg.ckpt_keep)
+
+
+def restore(state: dict, cfg: TrainConfig, parts: Parts, rank: int) -> None:
+    """Load a resumed checkpoint into the run's parts; a checkpoint written with other settings is one
+    UsageError naming it."""
+    one = 0 if cfg.elastic else rank  # elastic checkpoints hold one data position and one RNG state
+    parts.raw.load_state_dict(state["model"])
+    parts.opt.load_state_dict(state["optim_ranks"][rank] if parts.lsgd else state["optim"])
+    try:
+        if parts.lsgd:
+            parts.lsgd.load_state_dict(state["local_sgd"])
+        parts.loader.load_state_dict(state["data"][one])
+        if cfg.balance:
+            parts.shares.load_state_dict(state["balance"])
+    except (ValueError, KeyError) as e:
+        raise UsageError(f"checkpoint {state['path']}: {e}; resume with the settings it was "
+                         f"written with") from None
+    torch.set_rng_state(state["rng"][one])
+    parts.evaluator.load_state_dict(state.get("val"))

@@ -14,6 +14,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from trainer.launch_contract import RUN_ID_DOC, is_run_id
+
 # Gradient communication options (trainer/comm.py): torch's DDP comm hooks, or auto (measure, then choose).
 COMM_CHOICES = ("fp32", "bf16", "fp16", "powersgd", "auto")
 DTYPE_CHOICES = ("auto", "fp32", "bf16")
@@ -169,8 +171,11 @@ class TrainConfig:
         if self.elastic:
             self._check_elastic(need)
         need(self.pg_timeout_s >= 5, f"--pg-timeout-s must be at least 5 seconds, got {self.pg_timeout_s}")
-        need(all(c.isalnum() or c in "-_." for c in self.run_id),
+        # "" = generated on rank 0; else a run id as the launcher's (trainer/launch_contract.py)
+        need(re.fullmatch(r"[A-Za-z0-9._-]*", self.run_id) is not None,
              f"--run-id may only contain letters, digits, '-', '_' and '.', got {self.run_id!r}")
+        need(not self.run_id or is_run_id(self.run_id),
+             f"--run-id must be {RUN_ID_DOC}, got {self.run_id!r}")
 
     def _check_elastic(self, need) -> None:
         need(not self.balance, "--elastic with --balance: an elastic group re-forms with any node count, the "

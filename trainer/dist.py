@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from trainer.launch_contract import MASTER_PORT
+
 
 class RanksDisagree(RuntimeError):
     """Ranks hold different data or parameters: exit 3."""
@@ -207,7 +209,7 @@ def node_address() -> str:
         return ""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+            s.connect((master, int(os.environ.get("MASTER_PORT", MASTER_PORT))))
             return s.getsockname()[0]
     except (OSError, ValueError):
         return ""

@@ -92,6 +92,43 @@ class LocalSGD:
         """Steps done so far (1-based) end with a sync: every H-th step and the run's last step."""
         return done % self.sync_every == 0 or done == self.steps
 
+    def sync_point(self, done: int, must_agree: bool) -> tuple[bool, bool]:
+        """What step `done` (1-based) ends with: (sync, start): `sync` a blocking sync, after which the ranks
+        hold the same parameters; `start` (--sync-overlap) a sync that lands at the next sync point. With
+        --sync-overlap a sync point blocks only where the ranks must agree (`must_agree`: a check,
+        checkpoint or evaluation is due) and at the run's last step."""
+        if not self.due(done):
+            return False, False
+        if not self.overlap:
+            return True, False
+        blocking = done == self.steps or must_agree
+        return blocking, not blocking
+
+    def step_comm(self, sync: bool, start: bool) -> dict:
+        """Run the step's sync (blocking, started, or none) and return its numbers in the form of DDP's
+        gradient all-reduce (trainer.metrics.CommTimer): a blocking sync is exposed for the wait for the
+        slowest rank, then the transfer; no gradient is all-reduced."""
+        done = self.sync() if sync else self.exchange() if start else None
+        done = done or {"sync_ms": 0.0, "wait_ms": 0.0, "sync_bytes": 0}
+        return {"allreduce_ms": done["sync_ms"], "exposed_ms": done["wait_ms"] + done["sync_ms"],
+                "allreduce_bytes": done["sync_bytes"], "buckets": 1 if done["sync_bytes"] else 0}
+
+    @staticmethod
+    def step_fields(comm: dict, started: bool) -> dict:
+        """The step record's local-SGD fields: the transfer, the wait before it, a sync started here."""
+        return {"sync_ms": comm["allreduce_ms"], "sync_wait_ms": comm["exposed_ms"] - comm["allreduce_ms"],
+                "overlapped": started}  # a sync started here lands at the next sync point
+
+    def describe(self) -> str:
+        """The banner line of the low-communication mode."""
+        return (f"ddplab: low-communication mode: {self.sync_every} local steps per sync, then " +
+                ("the parameters are averaged" if self.plain else
+                 f"an outer SGD step (lr {self.outer_lr}, Nesterov momentum {self.outer_momentum}) on the "
+                 f"averaged parameter change") +
+                f"; {self.bytes_per_sync / 1e6:.2f} MB per sync in {self.wire_name} (--allow-local-sgd)" +
+                ("; each sync overlaps the next steps and lands one sync late (--sync-overlap)"
+                 if self.overlap else ""))
+
     @property
     def bytes_per_sync(self) -> int:
         fp32 = self.wire == torch.float32
@@ -185,6 +222,11 @@ class LocalSGD:
     def state_dict(self) -> dict:
         """The outer optimizer's state (the anchor equals the parameters right after a sync)."""
         return {"outer": self.outer.state_dict() if self.outer is not None else None}
+
+    def checkpoint_fields(self, inner: torch.optim.Optimizer) -> dict:
+        """Every rank: what a checkpoint adds in this mode (rank 0 gets every rank's inner optimizer state:
+        DiLoCo keeps them per rank)."""
+        return {"optim_ranks": gather_to_main(inner.state_dict()), "local_sgd": self.state_dict()}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 
 from ddplab.preflight.collect import Inputs
+from trainer.launch_contract import MASTER_PORT
 
 CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "memory", "disk", "code", "data",
           "sync_dirs", "iface", "hostname", "tcp_master", "tcp_peers", "master_port", "stale_processes",
@@ -41,7 +42,7 @@ class Judge:
             self.hosts[h] = {"rank": (self.inv.get("ranks") or {}).get(h),
                              "addr": (self.inv.get("addrs") or {}).get(h),
                              "master": h == self.inv.get("master_host"), **self.hosts[h]}
-        self.port = self.inv.get("master_port", 29500)
+        self.port = self.inv.get("master_port", MASTER_PORT)
         self.manifest = manifest
         self.shard_bytes = shard_bytes or {}  # {shard: bytes} of the control host's shards (the disk check)
         self.control_code = control_code or {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nodeprobe import log_metrics
+from trainer.launch_contract import MASTER_PORT, RUN_ID, RUN_ID_DOC
 
 # Sections: where a setting is documented. "run" and "code" go to the example group_vars files;
 # "host" settings are per inventory host (documented in inventory/example/hosts.yml) and have no default.
@@ -60,8 +61,6 @@ class Setting:
         return self.pattern_doc or "a string"
 
 
-RUN_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
-
 SETTINGS: tuple[Setting, ...] = (
     # --- the nodes ---------------------------------------------------------------------------------
     Setting("ddplab_root", "str", "~/ddplab",
@@ -70,7 +69,7 @@ SETTINGS: tuple[Setting, ...] = (
             "(an existing folder with other files is refused on the node, nothing changed).",
             pattern=r"(~/+|/+)[^/].*", pattern_doc="a folder of its own: a path under ~/ or / (not ~ or /)",
             per_host=True),
-    Setting("ddplab_master_port", "int", 29500,
+    Setting("ddplab_master_port", "int", MASTER_PORT,
             "Rank 0's TCP port for torchrun's rendezvous store; prepare.yml ends whatever listens on it "
             "on the master.", min=1, max=65535),
     Setting("ddplab_torch_version", "str", "2.13.0",
@@ -92,7 +91,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_run_id", "str", "",
             "Run id. launch.yml: \"\" makes run-YYYYmmdd-HHMMSS; status/stop/collect_logs: \"\" = the last "
             "run launched on the master.", pattern=RUN_ID,
-            pattern_doc="letters, digits, '.', '_' and '-' (at most 64, starting with a letter or digit)"),
+            pattern_doc=RUN_ID_DOC),
     Setting("ddplab_repo_dir", "str", "{{ playbook_dir | dirname }}",
             "The ddplab checkout on the control host."),
     Setting("ddplab_data_dir", "str", "{{ ddplab_repo_dir }}/data/shards",
