@@ -156,6 +156,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def spec_verb(parser, cmd: str, run) -> int:
+    """A verb fed a JSON spec on stdin: its result as one JSON line; a bad spec is a usage error; an OSError
+    or RuntimeError is one line naming what failed (no traceback) and exit 1."""
+    from nodeprobe.spec import SpecError
+
+    try:
+        result = run(sys.stdin.read())
+    except SpecError as e:
+        parser.error(str(e))
+    except (OSError, RuntimeError) as e:
+        print(json.dumps({"probe": cmd, "ok": False, "error": f"{type(e).__name__}: {e}"}), flush=True)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -169,29 +185,11 @@ def main(argv=None) -> int:
     if args.cmd in ("launch-facts", "start-rank"):
         from nodeprobe import start_rank
 
-        try:
-            result = start_rank.run(args.cmd, sys.stdin.read())
-        except start_rank.SpecError as e:
-            parser.error(str(e))
-        except (OSError, RuntimeError) as e:  # one line naming what failed, no traceback
-            error = f"{type(e).__name__}: {e}"
-            print(json.dumps({"probe": args.cmd, "ok": False, "error": error}), flush=True)
-            return 1
-        print(json.dumps(result), flush=True)
-        return 0
+        return spec_verb(parser, args.cmd, lambda text: start_rank.run(args.cmd, text))
     if args.cmd in ("code-smoke", "code-tune"):
         from nodeprobe import code_smoke, code_tune
 
-        try:
-            result = (code_smoke if args.cmd == "code-smoke" else code_tune).run(sys.stdin.read())
-        except code_smoke.SpecError as e:
-            parser.error(str(e))
-        except (OSError, RuntimeError) as e:  # one line naming what failed, no traceback
-            error = f"{type(e).__name__}: {e}"
-            print(json.dumps({"probe": args.cmd, "ok": False, "error": error}), flush=True)
-            return 1
-        print(json.dumps(result), flush=True)
-        return 0
+        return spec_verb(parser, args.cmd, (code_smoke if args.cmd == "code-smoke" else code_tune).run)
     if args.cmd == "gloo-smoke":
         if not 0 <= args.rank < args.world:
             parser.error(f"--rank {args.rank} is outside 0..{args.world - 1}")
