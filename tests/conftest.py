@@ -153,7 +153,8 @@ def simlan_cli():
 # longest files of a full run (5-10 min each with 3 workers on 2 cores; `make test` prints the slowest).
 FIRST = ("tests/resilience/test_elastic_simlan.py", "tests/trainer/test_elastic_run.py",
          "tests/stock/test_stock_ddplab.py", "tests/orchestrator/test_limit_simlan.py",
-         "tests/test_readme.py", "tests/byo/test_byo_simlan.py", "tests/resilience/test_simlan_resilience.py")
+         "tests/test_readme.py", "tests/byo/test_byo_simlan.py", "tests/byo/test_nanochat_simlan.py",
+         "tests/resilience/test_simlan_resilience.py")
 
 
 def pytest_collection_modifyitems(items):
