@@ -6,13 +6,22 @@ the spec-driven ``preflight-*`` steps), ``route`` (roles/gloo_network), ``run-st
 and ``verify-shards`` (roles/dataset). Each command prints ONE JSON object on stdout and exits 0 when
 the probe ran (the finding is in the JSON); a usage error exits 2 with one line on stderr.
 
-These modules also run alone where the synced code may not exist yet (stdlib only, no package imports),
-each as the program on stdin of ``python -I -`` (one round trip; ``-I``: neither the working folder nor
-PYTHON* variables nor user site-packages reach ``sys.path``, so a ``json.py`` in the login's home is never
-imported, by the user's probes or by root's): ``prereqs.py`` (node_prereqs, first of all), ``hashing.py``
-(code_sync hashes the node's copy before copying), ``torch_candidates.py`` (torch_env, before any venv)
-and ``procs.py`` (stale_processes, also from stop.yml). Only ``fingerprint`` and ``gloo-smoke`` import
-torch; the rest is stdlib only.
+Three ways a node runs this code, and which modules each may use:
+
+- ``python -m nodeprobe VERB`` (or ``-m nodeprobe.X``) from the synced code folder, with Ansible's
+  interpreter or the run's pinned Python: any module here, and torch where the verb needs it
+  (``fingerprint``, ``smoke`` (gloo-smoke) and ``smoke_rank`` (inside the user's ranks of a smoke run)).
+- Alone, before the synced code exists: the modules named in ``SHIPPED_ALONE``, each read on the control
+  host by the lookup ``ddplab_node_program`` (plugins/lookup/, which refuses any other name) and run as the
+  program on stdin of ``python -I -`` (one round trip; ``-I``: neither the working folder nor PYTHON*
+  variables nor user site-packages reach ``sys.path``, so a ``json.py`` in the login's home is never
+  imported, by the user's probes or by root's). They import the standard library only
+  (tests/nodeprobe/test_shipped_alone.py runs each with no site-packages at all).
 """
 
 PROBE_VERSION = 1
+
+# Shipped alone (see above): prereqs (node_prereqs, first of all), hashing (code_sync hashes the node's copy
+# before copying), torch_candidates (torch_env, before any venv), procs (stale_processes, also from stop.yml),
+# site_probe (torch_env: what the node's Python has installed).
+SHIPPED_ALONE = ("prereqs", "hashing", "torch_candidates", "procs", "site_probe")
