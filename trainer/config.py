@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from trainer.launch_contract import RUN_ID_DOC, is_run_id
 
 # Gradient communication options (trainer/comm.py): torch's DDP comm hooks, or auto (measure, then choose).
-# int8 only with --sync-every > 1 (trainer/int8_wire.py): DDP has no int8 gradient hook.
-COMM_CHOICES = ("fp32", "bf16", "fp16", "powersgd", "auto", "int8")
+# int8/int4 only with --sync-every > 1 (trainer/quant_wire.py): DDP has no such gradient hook.
+COMM_CHOICES = ("fp32", "bf16", "fp16", "powersgd", "auto", "int8", "int4")
+QUANTIZED = ("int8", "int4")
 DTYPE_CHOICES = ("auto", "fp32", "bf16")
 DEVICE_CHOICES = ("cpu", "cuda")
 
@@ -162,9 +163,10 @@ class TrainConfig:
         need(self.sync_every_after < self.steps,
              f"--sync-every-after {self.sync_every_after} leaves no local steps in --steps {self.steps}; "
              f"use fewer warm-up steps or --sync-every 1")
-        need(self.comm != "int8" or self.sync_every > 1,
-             "--comm int8 sends the outer gradient of --sync-every H (H > 1) in 8 bits; DDP's per-step "
-             "gradients have no int8 hook: add --sync-every H and --allow-local-sgd, or use --comm bf16")
+        need(self.comm not in QUANTIZED or self.sync_every > 1,
+             f"--comm {self.comm} sends the outer gradient of --sync-every H (H > 1) in low-bit codes; DDP's "
+             f"per-step gradients have no such hook: add --sync-every H and --allow-local-sgd, or use "
+             f"--comm bf16")
         need(not self.sync_overlap or self.sync_every > 1,
              "--sync-overlap hides the sync of the low-communication mode behind the next steps; add "
              "--sync-every H (H > 1) and --allow-local-sgd, or drop --sync-overlap")
@@ -173,13 +175,13 @@ class TrainConfig:
                  f"--sync-every {self.sync_every} changes the optimization (local SGD: each rank takes "
                  f"{self.sync_every} steps on its own data, then the ranks average); add --allow-local-sgd "
                  f"to accept that, or use --sync-every 1 (all-reduce gradients every step)")
-            need(self.comm in ("fp32", "bf16", "fp16", "int8"),
+            need(self.comm in ("fp32", "bf16", "fp16", *QUANTIZED),
                  f"--comm {self.comm} with --sync-every {self.sync_every}: local SGD all-reduces no "
                  f"gradients, only the parameter change at each sync; use --comm fp32 (the default), or "
-                 f"bf16/fp16 to send that change in 16 bits, int8 in 8")
-            need(not (self.sync_overlap and self.comm == "int8"),
-                 "--sync-overlap with --comm int8: an overlapped sync all-reduces in fp32/bf16/fp16 only; "
-                 "drop --sync-overlap or use --comm bf16")
+                 f"bf16/fp16 to send that change in 16 bits, int8/int4 in 8/4")
+            need(not (self.sync_overlap and self.comm in QUANTIZED),
+                 f"--sync-overlap with --comm {self.comm}: an overlapped sync all-reduces in fp32/bf16/fp16 "
+                 f"only; drop --sync-overlap or use --comm bf16")
             need(not self.balance,
                  f"--balance with --sync-every {self.sync_every}: balancing weights each rank's share of "
                  f"one all-reduced gradient, local SGD has none; use one of the two")
@@ -275,8 +277,8 @@ FIELD_HELP = {
     "comm": "how gradients travel: fp32 = DDP's all-reduce; bf16/fp16 = 16-bit compressed all-reduce (half "
             "the bytes); powersgd = low-rank PowerSGD; auto = try fp32, bf16, powersgd in the first steps "
             "and keep the one with the most tokens/s; with --sync-every > 1: the dtype of each sync "
-            "(fp32, bf16, fp16; int8 = 8-bit codes with a scale per 128 values, all-gathered, 3.9x fewer "
-            "bytes than fp32)",
+            "(fp32, bf16, fp16; int8/int4 = 8/4-bit codes with a scale per 128 values, all-gathered: "
+            "3.9x/7.5x fewer bytes than fp32)",
     "bucket_cap_mb": "DDP gradient bucket size in MiB",
     "powersgd_rank": "PowerSGD rank r: a n x m gradient travels as (n+m)*r numbers",
     "powersgd_start_step": "plain all-reduce for the first N steps before PowerSGD compresses (min 2)",

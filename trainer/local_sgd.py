@@ -34,8 +34,9 @@ evaluation or the run's end is due: there the pending all-reduce is finished and
 
 `--sync-every-after N` (post-local SGD, Lin et al. 2020, "Don't use large mini-batches, use local SGD")
 runs the first N steps as plain DDP (gradients all-reduced every step, counted in the bytes) and only then
-starts the local steps; the anchor is taken after step N, when the ranks agree. `--comm int8` sends each
-rank's share of the outer gradient as int8 codes with one fp32 scale per block (trainer/int8_wire.py),
+starts the local steps; the anchor is taken after step N, when the ranks agree. `--comm int8` (or int4)
+sends each rank's share of the outer gradient as 8-bit (4-bit) codes with one fp32 scale per block
+(trainer/quant_wire.py),
 all-gathered rather than all-reduced: gloo cannot sum codes that carry their own scales, and it sums
 16-bit types slowly. The ranks decode the same payloads in the same order, so they still agree bit for bit.
 
@@ -51,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
-from trainer import int8_wire
+from trainer import quant_wire
 from trainer.metrics import percentile
 
 
@@ -61,8 +62,10 @@ def crossed(every: int, prev: int, done: int) -> bool:
     return every > 0 and done // every > prev // every
 
 
-# what a sync's all-reduce sends (--comm with --sync-every > 1); int8 is all-gathered (trainer/int8_wire.py)
-WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
+# what a sync's all-reduce sends (--comm with --sync-every > 1); int8/int4 codes are all-gathered
+# (trainer/quant_wire.py)
+WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
+               "int4": torch.int8}
 
 
 class LocalSGD:
@@ -76,6 +79,7 @@ class LocalSGD:
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.group = process_group
         self.wire_name, self.wire = wire, WIRE_DTYPES[wire]
+        self.bits = quant_wire.BITS.get(wire)  # int8/int4: codes with a scale per block, all-gathered
         self.plain = outer_lr == 1.0 and outer_momentum == 0.0
         self.numel = sum(p.numel() for p in self.params)
         self.anchor: list[torch.Tensor] = []
@@ -150,8 +154,8 @@ class LocalSGD:
     @property
     def bytes_per_sync(self) -> int:
         """What one sync hands to the collective on each rank (for int8, the codes and the block scales)."""
-        if self.wire == torch.int8:
-            return int8_wire.payload_bytes(self.numel)
+        if self.bits:
+            return quant_wire.payload_bytes(self.numel, self.bits)
         fp32 = self.wire == torch.float32
         return self.numel * (self.params[0].element_size() if fp32 else self.wire.itemsize)
 
@@ -166,17 +170,17 @@ class LocalSGD:
             d.copy_(f)
         return timed
 
-    def _mean_int8(self, deltas: list[torch.Tensor], world: int) -> dict:
-        """Replace `deltas` by their mean over the ranks, each rank's share (delta / world) sent as int8 codes
-        with one fp32 scale per block and all-gathered (gloo sums no 8-bit codes with scales); every rank
-        decodes the same payloads in rank order, so every rank applies the same mean."""
+    def _mean_quantized(self, deltas: list[torch.Tensor], world: int) -> dict:
+        """Replace `deltas` by their mean over the ranks, each rank's share (delta / world) sent as int8/int4
+        codes with one fp32 scale per block and all-gathered (gloo cannot sum codes that carry their own
+        scales); every rank decodes the same payloads in rank order, so every rank applies the same mean."""
         flat = torch.cat([d.reshape(-1) for d in deltas]).div_(world)
-        payload = int8_wire.encode(flat)
+        payload = quant_wire.encode(flat, self.bits)
         gathered = [torch.empty_like(payload) for _ in range(world)]
         timed = self._all_reduce(lambda: dist.all_gather(gathered, payload, group=self.group))
         flat.zero_()
         for g in gathered:
-            flat.add_(int8_wire.decode(g, flat.numel()))
+            flat.add_(quant_wire.decode(g, flat.numel(), self.bits))
         for d, f in zip(deltas, _split(flat, deltas), strict=True):
             d.copy_(f)
         return timed
@@ -245,8 +249,8 @@ class LocalSGD:
                 timed = self._all_reduce(lambda: average_parameters(iter(self.params), self.group))
         else:
             deltas = [a - p for a, p in zip(self.anchor, self.params, strict=True)]  # outer gradient
-            if world > 1 and self.wire == torch.int8:
-                timed = self._mean_int8(deltas, world)
+            if world > 1 and self.bits:
+                timed = self._mean_quantized(deltas, world)
             elif world > 1 and self.wire != torch.float32:
                 timed = self._mean_16bit(deltas, world)
             elif world > 1:  # average_parameters rebinds each delta's .data to the mean
