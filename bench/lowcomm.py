@@ -86,6 +86,17 @@ def run_mode(data: Path, out: Path, mode: str, seed: int, steps: int) -> dict:
             "load1": load1}
 
 
+def joined(ids: list[str]) -> list[dict]:
+    """The runs of other study folders (--join), to report beside this one's; their reference runs too."""
+    out = []
+    for i in ids:
+        saved = REPO / "runs" / f"bench-lowcomm-{i}" / "runs.json"
+        if not saved.exists():
+            raise SystemExit(f"bench: --join {i}: {saved} does not exist; give the --id of a finished study")
+        out += json.loads(saved.read_text())
+    return out
+
+
 def study(args, work: Path, data: Path) -> list[dict]:
     """Every (mode, seed) not yet in work/runs.json, the reference first in each round."""
     saved = work / "runs.json"
@@ -104,6 +115,8 @@ def study(args, work: Path, data: Path) -> list[dict]:
                   f"{r['outer_steps']} outer steps, {r['wall_s']} s, load {r['load1']}", flush=True)
             runs.append(r)
             saved.write_text(json.dumps(runs, indent=1) + "\n")
+    have |= {(r["mode"], r["seed"], r["steps"]) for r in runs}
+    runs += [r for r in joined(args.join) if (r["mode"], r["seed"], r["steps"]) not in have]
     return [r for r in runs if r["steps"] == args.steps and r["seed"] in args.seeds]
 
 
@@ -223,12 +236,13 @@ def write_md(rep: dict) -> str:
     modes, m = rep["modes"], rep["machine"]
     lines = [f"# Low-communication training vs per-step fp32 DDP at equal tokens ({rep['when']})", "",
              rep["setup"], "",
-             "| mode | flags | bytes/step vs DDP | val loss vs DDP, median (min to max) | val loss "
-             "| outer steps | tokens | the one change |", "|---|---|---|---|---|---|---|---|"]
+             "| mode | flags | bytes/step vs DDP | val loss vs DDP, median (min to max) | seeds | val loss "
+             "| outer steps | tokens | the one change |", "|---|---|---|---|---|---|---|---|---|"]
     for mode, s in modes.items():
         v = s["val_loss"]
         lines.append(f"| {s['label']} | `{' '.join(s['flags']) or '--sync-every 1'}` | "
-                     f"1/{s['fewer_bytes']:.1f} | {pct(s['val_loss_vs_ddp'])} | {v['median']:.4f} | "
+                     f"1/{s['fewer_bytes']:.1f} | {pct(s['val_loss_vs_ddp'])} | {len(s['seeds'])} | "
+                     f"{v['median']:.4f} | "
                      f"{s['outer_steps']} | {s['tokens']:,} | {verdict(modes, mode)} |")
     lines += ["", "Targets (medians over seeds, the reference in the same seed):", ""]
     for t in rep["targets"]:
@@ -288,6 +302,8 @@ def main(argv=None) -> int:
                     help="modes to run (the reference ddp always runs)")
     ap.add_argument("--id", default=time.strftime("%Y%m%d-%H%M%S"),
                     help="study folder runs/bench-lowcomm-ID (an existing one: its finished runs are kept)")
+    ap.add_argument("--join", nargs="*", default=[], metavar="ID",
+                    help="also report the runs of these study folders (same --steps and --seeds)")
     ap.add_argument("--results", default=str(RESULTS), help="where report.json, report.md, curves.png go")
     ap.add_argument("--wire-reps", type=int, default=30,
                     help="repetitions of the gloo micro-benchmark (0: skip)")
