@@ -17,7 +17,7 @@ TUNE_ROUNDS ?= 1
 # make test: test files run in this many parallel workers, each with its own simulated lab (tests/conftest.py)
 TEST_WORKERS ?= 3
 
-.PHONY: help setup lint test test-fast data wheelhouse tune train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch clean
+.PHONY: help setup lint test test-fast data wheelhouse tune train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch bench-lowcomm clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -74,6 +74,9 @@ bench-trainer: setup  ## 1 vs 2 ranks on this machine against a textbook DDP loo
 
 bench-relaunch: data  ## launch.yml vs bare ssh+tmux on a prepared lab, 2 and 8 simulated hosts (root)
 	$(BIN)/python bench/relaunch.py --hosts 2 8 --rounds 3
+
+bench-lowcomm: setup  ## Low-communication modes vs per-step DDP at equal tokens, 2 local ranks (~40 min; LOWCOMM_ARGS="--steps 160 --seeds 1337" for a quick look)
+	nice -n 10 $(BIN)/python bench/lowcomm.py $(LOWCOMM_ARGS)
 
 bench-preflight: setup  ## Preflight wall time, healthy and per fault, on simulated hosts (root)
 	$(BIN)/python bench/preflight_bench.py

@@ -47,17 +47,23 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def run_one(data: Path, out: Path, steps: int, extra: list[str]) -> dict:
+def torchrun_trainer(data: Path, out: Path, argv: list[str], timeout: float = 900) -> dict:
+    """`python -m trainer` on 2 local ranks (torchrun --standalone, gloo over loopback, 1 thread per rank),
+    its log in OUT.log; returns its summary.json. A failed run stops the bench with one line."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-           "trainer", "--data", str(data), "--out", str(out), "--steps", str(steps), *MODEL, *extra]
-    load_before = os.getloadavg()[0]
+           "trainer", "--data", str(data), "--out", str(out), *argv]
     with open(out.parent / f"{out.name}.log", "w") as log:
-        r = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900)
+        r = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
     if r.returncode != 0:
         raise SystemExit(f"bench: {out}: trainer exited {r.returncode}; see {out}.log")
-    s = json.loads((out / "summary.json").read_text())
+    return json.loads((out / "summary.json").read_text())
+
+
+def run_one(data: Path, out: Path, steps: int, extra: list[str]) -> dict:
+    load_before = os.getloadavg()[0]
+    s = torchrun_trainer(data, out, ["--steps", str(steps), *MODEL, *extra])
     tail = []
     for rank in (0, 1):
         recs = [json.loads(ln) for ln in (out / f"metrics.rank{rank}.jsonl").read_text().splitlines() if ln]

@@ -32,6 +32,14 @@ fragment, a delay of H steps, and the local progress kept rather than mixed (tor
 `fragment_update_alpha` 0 throws it away). The ranks then agree only where a check, checkpoint,
 evaluation or the run's end is due: there the pending all-reduce is finished and a blocking sync follows.
 
+`--sync-every-after N` (post-local SGD, Lin et al. 2020, "Don't use large mini-batches, use local SGD")
+runs the first N steps as plain DDP (gradients all-reduced every step, counted in the bytes) and only then
+starts the local steps; the anchor is taken after step N, when the ranks agree. `--comm int8` (or int4)
+sends each rank's share of the outer gradient as 8-bit (4-bit) codes with one fp32 scale per block
+(trainer/quant_wire.py),
+all-gathered rather than all-reduced: gloo cannot sum codes that carry their own scales, and it sums
+16-bit types slowly. The ranks decode the same payloads in the same order, so they still agree bit for bit.
+
 Inner optimizer states (AdamW moments) stay per rank, as in DiLoCo; checkpoints keep every rank's.
 The last step of a run always synchronizes, so the final checkpoint and checksum follow a sync.
 """
@@ -44,6 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
+from trainer import quant_wire
 from trainer.metrics import percentile
 
 
@@ -53,20 +62,24 @@ def crossed(every: int, prev: int, done: int) -> bool:
     return every > 0 and done // every > prev // every
 
 
-# what a sync's all-reduce sends (--comm with --sync-every > 1)
-WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# what a sync's all-reduce sends (--comm with --sync-every > 1); int8/int4 codes are all-gathered
+# (trainer/quant_wire.py)
+WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
+               "int4": torch.int8}
 
 
 class LocalSGD:
     """The outer loop of local SGD / DiLoCo over `params` (the bare model's parameters, in order)."""
 
     def __init__(self, params, sync_every: int, steps: int, outer_lr: float, outer_momentum: float,
-                 process_group=None, wire: str = "fp32", overlap: bool = False):
+                 process_group=None, wire: str = "fp32", overlap: bool = False, per_step_until: int = 0):
         self.params = [p for p in params]
         self.sync_every, self.steps = sync_every, steps
+        self.per_step_until = per_step_until  # --sync-every-after: steps 1..N all-reduce gradients (DDP)
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.group = process_group
         self.wire_name, self.wire = wire, WIRE_DTYPES[wire]
+        self.bits = quant_wire.BITS.get(wire)  # int8/int4: codes with a scale per block, all-gathered
         self.plain = outer_lr == 1.0 and outer_momentum == 0.0
         self.numel = sum(p.numel() for p in self.params)
         self.anchor: list[torch.Tensor] = []
@@ -88,9 +101,16 @@ class LocalSGD:
         for a, p in zip(self.anchor, self.params, strict=True):
             a.copy_(p)
 
+    def per_step(self, done: int) -> bool:
+        """Step `done` (1-based) is one of the --sync-every-after warm-up steps: DDP all-reduces its gradients
+        and the ranks agree after it, as with --sync-every 1 (post-local SGD, Lin et al. 2020)."""
+        return done <= self.per_step_until
+
     def due(self, done: int) -> bool:
-        """Steps done so far (1-based) end with a sync: every H-th step and the run's last step."""
-        return done % self.sync_every == 0 or done == self.steps
+        """Steps done so far (1-based) end with a sync: every H-th step after the warm-up, and the last."""
+        if self.per_step(done):
+            return False
+        return (done - self.per_step_until) % self.sync_every == 0 or done == self.steps
 
     def sync_point(self, done: int, must_agree: bool) -> tuple[bool, bool]:
         """What step `done` (1-based) ends with: (sync, start): `sync` a blocking sync, after which the ranks
@@ -121,7 +141,9 @@ class LocalSGD:
 
     def describe(self) -> str:
         """The banner line of the low-communication mode."""
-        return (f"ddplab: low-communication mode: {self.sync_every} local steps per sync, then " +
+        warm = (f"{self.per_step_until} steps with a per-step all-reduce (--sync-every-after), then "
+                if self.per_step_until else "")
+        return (f"ddplab: low-communication mode: {warm}{self.sync_every} local steps per sync, then " +
                 ("the parameters are averaged" if self.plain else
                  f"an outer SGD step (lr {self.outer_lr}, Nesterov momentum {self.outer_momentum}) on the "
                  f"averaged parameter change") +
@@ -131,6 +153,9 @@ class LocalSGD:
 
     @property
     def bytes_per_sync(self) -> int:
+        """What one sync hands to the collective on each rank (for int8, the codes and the block scales)."""
+        if self.bits:
+            return quant_wire.payload_bytes(self.numel, self.bits)
         fp32 = self.wire == torch.float32
         return self.numel * (self.params[0].element_size() if fp32 else self.wire.itemsize)
 
@@ -141,6 +166,21 @@ class LocalSGD:
         wire = flat.to(self.wire)
         timed = self._all_reduce(lambda: dist.all_reduce(wire, group=self.group))
         flat.copy_(wire)
+        for d, f in zip(deltas, _split(flat, deltas), strict=True):
+            d.copy_(f)
+        return timed
+
+    def _mean_quantized(self, deltas: list[torch.Tensor], world: int) -> dict:
+        """Replace `deltas` by their mean over the ranks, each rank's share (delta / world) sent as int8/int4
+        codes with one fp32 scale per block and all-gathered (gloo cannot sum codes that carry their own
+        scales); every rank decodes the same payloads in rank order, so every rank applies the same mean."""
+        flat = torch.cat([d.reshape(-1) for d in deltas]).div_(world)
+        payload = quant_wire.encode(flat, self.bits)
+        gathered = [torch.empty_like(payload) for _ in range(world)]
+        timed = self._all_reduce(lambda: dist.all_gather(gathered, payload, group=self.group))
+        flat.zero_()
+        for g in gathered:
+            flat.add_(quant_wire.decode(g, flat.numel(), self.bits))
         for d, f in zip(deltas, _split(flat, deltas), strict=True):
             d.copy_(f)
         return timed
@@ -209,7 +249,9 @@ class LocalSGD:
                 timed = self._all_reduce(lambda: average_parameters(iter(self.params), self.group))
         else:
             deltas = [a - p for a, p in zip(self.anchor, self.params, strict=True)]  # outer gradient
-            if world > 1 and self.wire != torch.float32:
+            if world > 1 and self.bits:
+                timed = self._mean_quantized(deltas, world)
+            elif world > 1 and self.wire != torch.float32:
                 timed = self._mean_16bit(deltas, world)
             elif world > 1:  # average_parameters rebinds each delta's .data to the mean
                 timed = self._all_reduce(lambda: average_parameters(iter(deltas), self.group))
@@ -238,9 +280,11 @@ class LocalSGD:
             self.outer.load_state_dict(state["outer"])
 
     def summary(self, records: list[dict]) -> dict:
-        synced = [r for r in records if r.get("synced") or r.get("overlapped")]
+        synced = [r for r in records
+                  if (r.get("synced") or r.get("overlapped")) and not self.per_step(r["step"])]
         total = sum(r["allreduce_bytes"] for r in records)
         return {"sync_every": self.sync_every, "outer_lr": self.outer_lr, "sync_dtype": self.wire_name,
+                "per_step_until": self.per_step_until,
                 "outer_momentum": self.outer_momentum, "overlap": self.overlap,
                 "outer_optimizer": "none (parameter averaging)" if self.plain else
                 "SGD" + (" nesterov" if self.outer_momentum > 0 else ""),

@@ -182,7 +182,7 @@ def build(cfg: TrainConfig, start: Start) -> Parts:
     else:
         loader = ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)
     lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum,
-                     wire=cfg.comm, overlap=cfg.sync_overlap)
+                     wire=cfg.comm, overlap=cfg.sync_overlap, per_step_until=cfg.sync_every_after)
             if cfg.sync_every > 1 else None)  # low-communication mode: H local steps, then one sync
     evaluator = Evaluator(start.val, cfg.eval_every_tokens, di.rank, di.world_size)
     return Parts(gcfg, raw, opt, loader, shares, lsgd, evaluator, cfg.tokens_per_rank_step * di.world_size)
@@ -262,15 +262,18 @@ def train_step(cfg: TrainConfig, start: Start, parts: Parts, model, comm: GradCo
     option = comm.before_step(step)
     pos, rg = parts.loader.state_dict(), parts.loader.row_group
     mine = parts.shares.shares[start.di.rank] if cfg.balance else cfg.batch_size * cfg.grad_accum
-    loss_sum = forward_backward(cfg, start, parts, model)
     done = step + 1
+    local = parts.lsgd is not None and not parts.lsgd.per_step(done)  # no gradient all-reduce this step
+    loss_sum = forward_backward(cfg, start, parts, model, local)
     synced, started = sync_point(cfg, parts, prog, done)
     # the loss over all ranks, weighted by each rank's sequences: one 2-number all-reduce on the first
     # step, log steps and the last (not between local-SGD syncs: the ranks would wait for each other)
     want_mean = step == 0 or (synced and (done % cfg.log_every == 0 or done == cfg.steps))
     if want_mean:
         mean_buf = D.all_reduce_sum(torch.tensor([loss_sum * mine, mine], dtype=torch.float64))
-    lsgd_comm = parts.lsgd.step_comm(synced, started) if parts.lsgd else None
+    lsgd_comm = parts.lsgd.step_comm(synced, started) if local else None
+    if parts.lsgd and done == parts.lsgd.per_step_until:  # the warm-up's last step: the ranks agree now
+        parts.lsgd.reset_anchor()
     dt = time.perf_counter() - t0
     c = lsgd_comm or timer.step_stats()
     tokens = parts.tokens_per_step
@@ -293,15 +296,15 @@ def train_step(cfg: TrainConfig, start: Start, parts: Parts, model, comm: GradCo
     return rec, synced
 
 
-def forward_backward(cfg: TrainConfig, start: Start, parts: Parts, model) -> float:
+def forward_backward(cfg: TrainConfig, start: Start, parts: Parts, model, local: bool) -> float:
     """This rank's micro-batches: forward, backward (DDP all-reduces the gradients during the last one's,
-    unless local SGD skips it), clip, optimizer step. Returns this rank's mean loss."""
+    unless a local step of local SGD skips it), clip, optimizer step. Returns this rank's mean loss."""
     loss_sum = 0.0
     micros = micro_batches(parts.loader, parts.shares if cfg.balance else None, cfg.batch_size,
                            cfg.grad_accum, start.di.rank, start.di.world_size)
     for micro, (x, y, scale, part) in enumerate(micros):
         x, y = x.to(start.device), y.to(start.device)
-        with D.no_sync(model, skip=parts.lsgd is not None or micro < len(micros) - 1):
+        with D.no_sync(model, skip=local or micro < len(micros) - 1):
             with autocast_context(cfg.device, start.dtype):
                 loss = scale(model(x, y))
             loss.backward()
@@ -316,7 +319,7 @@ def forward_backward(cfg: TrainConfig, start: Start, parts: Parts, model) -> flo
 def sync_point(cfg: TrainConfig, parts: Parts, prog: Progress, done: int) -> tuple[bool, bool]:
     """(sync, start) after step `done`: DDP synchronizes every step; local SGD decides (local_sgd.py),
     told whether a check, checkpoint or evaluation needs the ranks to agree after this step."""
-    if parts.lsgd is None:
+    if parts.lsgd is None or parts.lsgd.per_step(done):
         return True, False
     must_agree = (check_is_due(cfg, prog.last_sync, done) or checkpoint.is_due(cfg, prog.last_sync, done)
                   or parts.evaluator.due(prog.tokens_at_sync, prog.tokens_seen + parts.tokens_per_step,

@@ -66,7 +66,8 @@ BASE = ["--data", "d", "--out", "o"]
     (BASE + ["--depth", "x"], "trainer argument --depth: invalid int value: 'x'; a whole number"),
     (BASE + ["--lr", "fast"], "trainer argument --lr: invalid float value: 'fast'; a number"),
     (BASE + ["--comm", "pigeon"],
-     "trainer argument --comm: invalid choice: 'pigeon'; one of fp32, bf16, fp16, powersgd, auto"),
+     "trainer argument --comm: invalid choice: 'pigeon'; one of fp32, bf16, fp16, powersgd, auto, int8, "
+     "int4"),
     (BASE + ["--resume=yes"],
      "trainer argument --resume: ignored explicit argument 'yes'; --resume takes no value"),
     (BASE + ["--bogus", "1"], "trainer argument --bogus 1: unknown flag; the flags are those listed by "

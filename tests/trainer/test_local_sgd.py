@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.helpers.trainer_runs import REPO, TINY, env, error_lines, free_port, read_jsonl, torchrun
+from trainer import quant_wire
 from trainer.agreement import param_sha256
 from trainer.config import check_args
 from trainer.local_sgd import LocalSGD, crossed
@@ -37,6 +38,13 @@ def test_syncs_every_h_steps_and_at_the_last_step():
     assert [d for d in range(1, 11) if m.due(d)] == [4, 8, 10]
 
 
+def test_after_a_per_step_warm_up_syncs_count_h_steps_from_its_end():
+    m = LocalSGD([torch.zeros(3)], sync_every=4, steps=20, outer_lr=1.0, outer_momentum=0.0,
+                 per_step_until=6)
+    assert [d for d in range(1, 21) if m.per_step(d)] == [1, 2, 3, 4, 5, 6]
+    assert [d for d in range(1, 21) if m.due(d)] == [10, 14, 18, 20]
+
+
 # --- flags ------------------------------------------------------------------------------------------
 
 BASE = ["--data", "d", "--out", "o"]
@@ -51,6 +59,14 @@ BASE = ["--data", "d", "--out", "o"]
     (["--sync-every", "2", "--allow-local-sgd", "--outer-momentum", "1"], "--outer-momentum", "[0, 1)"),
     (["--sync-every", "2", "--allow-local-sgd", "--outer-lr", "0"], "--outer-lr", "must be positive"),
     (["--sync-overlap"], "--sync-overlap", "add --sync-every H"),
+    (["--sync-every-after", "10"], "--sync-every-after", "add --sync-every H"),
+    (["--sync-every", "4", "--allow-local-sgd", "--sync-every-after", "-1"], "--sync-every-after", ">= 0"),
+    (["--sync-every", "4", "--allow-local-sgd", "--steps", "50", "--sync-every-after", "50"],
+     "--sync-every-after", "leaves no local steps"),
+    (["--comm", "int8"], "--comm", "add --sync-every H"),
+    (["--comm", "int4"], "--comm", "or use --comm bf16"),
+    (["--sync-every", "4", "--allow-local-sgd", "--comm", "int8", "--sync-overlap"], "--sync-overlap",
+     "drop --sync-overlap"),
 ])
 def test_bad_local_sgd_flags_give_one_line_naming_the_flag(extra, flag, words):
     line = check_args(BASE + extra)
@@ -65,6 +81,9 @@ def test_local_sgd_flags_that_fit_are_accepted():
     for wire in ("bf16", "fp16"):  # the parameter change of each sync travels in 16 bits
         assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--comm", wire]) is None
     assert check_args(BASE + ["--sync-every", "4", "--allow-local-sgd", "--sync-overlap"]) is None
+    for wire in ("int8", "int4"):  # low-bit codes with a scale per block, all-gathered
+        assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--comm", wire]) is None
+    assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--sync-every-after", "20"]) is None
 
 
 def test_the_cli_refuses_local_sgd_without_permission_in_one_line():
@@ -239,6 +258,29 @@ def test_plain_averaging_in_bf16_moves_the_anchor_by_the_rounded_mean_change():
         anchor = s0["after"]
 
 
+@pytest.mark.slow
+def test_a_quantized_sync_applies_the_decoded_mean_on_every_rank_bit_for_bit():
+    wire = "int8"  # int4 differs only in the codec (tests/trainer/test_quant_wire.py)
+    bits = quant_wire.BITS[wire]
+    r0, r1 = _two_ranks(1.0, 0.0, wire)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    anchor = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+    n = anchor.numel()
+    for s0, s1 in zip(r0, r1, strict=True):
+        assert s0["sha_before"] != s1["sha_before"] and s0["sha_after"] == s1["sha_after"]
+        assert s0["bytes"] == s1["bytes"] == quant_wire.payload_bytes(n, bits)
+        t0, t1, got = (torch.cat([t.reshape(-1) for t in s[k]]) for s, k in
+                       ((s0, "before"), (s1, "before"), (s0, "after")))
+        # by hand: each rank's half of its change, coded and decoded; the anchor moves by their sum
+        mean = sum(quant_wire.decode(quant_wire.encode((anchor - t) / 2, bits), n, bits) for t in (t0, t1))
+        torch.testing.assert_close(got, anchor - mean, rtol=0, atol=1e-7)
+        # within half a quantization step per rank of the exact average
+        step = max((anchor - t).abs().max() / 2 / quant_wire.levels(bits) for t in (t0, t1))
+        assert (got - (t0 + t1) / 2).abs().max() <= step * 1.001
+        anchor = got
+
+
 # --- 2-rank torchrun runs of the trainer --------------------------------------------------------------
 
 STEPS = 16
@@ -349,3 +391,25 @@ def test_overlapped_syncs_agree_at_checkpoints_and_the_end_and_resume_exactly(sm
                 if x["step"] > 8]
         assert [(x["step"], x["loss"]) for x in read_jsonl(out / f"metrics.rank{rank}.jsonl")] == want
     assert json.loads((out / "summary.json").read_text())["final_param_sha256"] == s["final_param_sha256"]
+
+
+@pytest.mark.slow
+def test_a_per_step_warm_up_then_int8_syncs_count_every_byte_sent(small_shards, tmp_path):
+    out = tmp_path / "out"
+    r = torchrun(["--data", small_shards, "--out", out, "--steps", 12, *TINY, "--sync-every", "4",
+                  "--sync-every-after", "4", "--comm", "int8", "--allow-local-sgd", "--outer-lr", "1",
+                  "--outer-momentum", "0", "--check-every", "1"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "4 steps with a per-step all-reduce (--sync-every-after), then 4 local steps" in r.stdout
+    n = param_count(GPTConfig(seq_len=32, n_layer=1, n_embd=64, n_head=1))
+    for rank in (0, 1):
+        recs = read_jsonl(out / f"metrics.rank{rank}.jsonl")
+        assert [x["step"] for x in recs if x["synced"]] == [1, 2, 3, 4, 8, 12]
+        # DDP's fp32 gradients in the warm-up, then the int8 payload at each sync, nothing in between
+        sync = quant_wire.payload_bytes(n, 8)
+        assert [x["allreduce_bytes"] for x in recs] == [n * 4] * 4 + [0, 0, 0, sync] * 2
+    s = json.loads((out / "summary.json").read_text())
+    assert s["byte_equivalent"] is True  # --check-every 1: the checksums agreed after every sync
+    ls = s["local_sgd"]
+    assert (ls["per_step_until"], ls["syncs"], ls["sync_dtype"]) == (4, 2, "int8")
+    assert ls["comm_bytes_per_step"] == (4 * n * 4 + 2 * quant_wire.payload_bytes(n, 8)) / 12

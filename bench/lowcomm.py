@@ -1,0 +1,358 @@
+"""Low-communication training against per-step fp32 DDP at equal tokens: `make bench-lowcomm`.
+
+    .venv/bin/python bench/lowcomm.py [--steps 1600] [--seeds 1337 1338] [--modes ddp h16-avg ...] [--id ID]
+
+Every mode in MODES trains the same model (0.46M parameters: depth 2, width 128, seq 128, 4 sequences per
+rank per step) for the same steps, so on the same tokens, with 2 ranks on this machine
+(bench/local_sgd.py's launcher: torchrun --standalone, gloo over loopback, 1 thread per rank). Loss at
+equal tokens does not depend on the link, so loopback is enough to judge it. Each seed (model init) is a
+round: the reference (`ddp`, --sync-every 1, fp32) and every mode, the order reversed every other round;
+each ratio is taken within its round, then summarized as median with min-max over the rounds.
+
+Per mode: the validation loss at the end (the trainer's own held-out row groups, every rank holds the
+synchronized model after the last step) over the reference's, its curve (evaluated every tenth of the
+run), the bytes each rank handed to the collectives per step as counted by the trainer (metrics records'
+`allreduce_bytes`, warm-up steps included) over the reference's, the outer steps (syncs after the
+warm-up) and the tokens. Before the runs, a micro-benchmark measures what gloo moves on loopback for one
+sync of this model in fp32, bf16 (all-reduce) and int8 (all-gather of codes and scales).
+
+Runs are kept in runs/bench-lowcomm-<id>/runs.json as they finish: the same --id skips the (mode, seed)
+runs already there, so modes can be added to a study. Writes bench/results/lowcomm/ (or --results):
+report.json, report.md, curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.local_sgd import spread, torchrun_trainer  # noqa: E402
+from bench.scaling_lab import machine_info  # noqa: E402
+
+BATCH, SEQ, RANKS = 4, 128, 2
+MODEL = ["--depth", "2", "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--threads", "1", "--lr", "3e-3",
+         "--eval-batches", "32", "--timing-warmup-steps", "2"]
+AVG = ["--outer-lr", "1", "--outer-momentum", "0"]  # plain parameter averaging (local SGD)
+# name: (label, flags, the mode it changes one thing of: its numbers are compared with that one);
+# {warm} is a 25th of the run's steps (64 of 1,600)
+MODES = {
+    "ddp": ("per-step DDP, fp32 (reference)", [], None),
+    "h16-avg": ("H16, averaging, fp32", ["--sync-every", "16", *AVG], None),
+    "h8-avg-bf16": ("H8, averaging, bf16", ["--sync-every", "8", "--comm", "bf16", *AVG], "h16-avg"),
+    "h16-diloco": ("H16, Nesterov outer lr 0.7 momentum 0.9 (DiLoCo)", ["--sync-every", "16"], "h16-avg"),
+    "h16-nest-1-0.5": ("H16, Nesterov outer lr 1.0 momentum 0.5",
+                       ["--sync-every", "16", "--outer-lr", "1", "--outer-momentum", "0.5"], "h16-avg"),
+    "h16-avg-int8": ("H16, averaging, int8", ["--sync-every", "16", "--comm", "int8", *AVG], "h16-avg"),
+    "h16-avg-int8-warm": ("H16, averaging, int8, per-step fp32 warm-up (1/25 of the steps)",
+                          ["--sync-every", "16", "--sync-every-after", "{warm}", "--comm", "int8", *AVG],
+                          "h16-avg-int8"),
+    "h16-avg-int4": ("H16, averaging, int4", ["--sync-every", "16", "--comm", "int4", *AVG], "h16-avg-int8"),
+}
+# what a plain `make bench-lowcomm` runs (2 seeds x 3 runs, ~40 min on this shared machine): the settings
+# docs/scaling.md recommends; the others were measured with --modes and --join
+DEFAULT_MODES = ("h16-avg", "h16-avg-int4")
+TARGETS = [(16, 0.01), (100, 0.03)]  # (bytes per step at least this many times fewer, val loss within)
+RESULTS = REPO / "bench" / "results" / "lowcomm"
+
+
+def flags_of(mode: str, steps: int) -> list[str]:
+    extra = [f.format(warm=steps // 25) for f in MODES[mode][1]]
+    return [*extra, "--allow-local-sgd"] if extra else []
+
+
+# --- the runs ------------------------------------------------------------------------------------------
+
+def run_mode(data: Path, out: Path, mode: str, seed: int, steps: int) -> dict:
+    """One trainer run; what the study needs from its summary and metrics."""
+    eval_every = max(1, steps // 10) * BATCH * SEQ * RANKS
+    load1 = round(os.getloadavg()[0], 2)
+    t0 = time.perf_counter()
+    s = torchrun_trainer(data, out, ["--steps", str(steps), "--seed", str(seed), "--log-every", str(steps),
+                                     "--eval-every-tokens", str(eval_every), *MODEL, *flags_of(mode, steps)])
+    recs = [json.loads(ln) for ln in (out / "metrics.rank0.jsonl").read_text().splitlines() if ln]
+    lsgd = s.get("local_sgd") or {}
+    return {"mode": mode, "seed": seed, "steps": steps, "val_loss": s["val_loss"],
+            "val_curve": s["val_curve"],
+            "bytes_per_step": sum(r["allreduce_bytes"] for r in recs) / len(recs),
+            "outer_steps": lsgd.get("syncs", steps), "tokens": s["tokens_seen"], "params": s["params"],
+            "tokens_per_sec": s["tokens_per_sec"], "wall_s": round(time.perf_counter() - t0, 1),
+            "load1": load1}
+
+
+def joined(ids: list[str]) -> list[dict]:
+    """The runs of other study folders (--join), to report beside this one's; their reference runs too."""
+    out = []
+    for i in ids:
+        saved = REPO / "runs" / f"bench-lowcomm-{i}" / "runs.json"
+        if not saved.exists():
+            raise SystemExit(f"bench: --join {i}: {saved} does not exist; give the --id of a finished study")
+        out += json.loads(saved.read_text())
+    return out
+
+
+def study(args, work: Path, data: Path) -> list[dict]:
+    """Every (mode, seed) not yet in work/runs.json, the reference first in each round."""
+    saved = work / "runs.json"
+    runs = json.loads(saved.read_text()) if saved.exists() else []
+    have = {(r["mode"], r["seed"], r["steps"]) for r in runs}
+    modes = ["ddp", *[m for m in args.modes if m != "ddp"]]
+    for n, seed in enumerate(args.seeds):
+        order = modes if n % 2 == 0 else ["ddp", *reversed(modes[1:])]
+        for mode in order:
+            if (mode, seed, args.steps) in have:
+                continue
+            out = work / "raw" / f"{mode}-s{seed}-{args.steps}"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            r = run_mode(data, out, mode, seed, args.steps)
+            print(f"seed {seed} {mode}: val {r['val_loss']:.4f}, {r['bytes_per_step']:,.0f} B/step, "
+                  f"{r['outer_steps']} outer steps, {r['wall_s']} s, load {r['load1']}", flush=True)
+            runs.append(r)
+            saved.write_text(json.dumps(runs, indent=1) + "\n")
+    have |= {(r["mode"], r["seed"], r["steps"]) for r in runs}
+    runs += [r for r in joined(args.join) if (r["mode"], r["seed"], r["steps"]) not in have]
+    return [r for r in runs if r["steps"] == args.steps and r["seed"] in args.seeds]
+
+
+# --- what gloo moves for one sync ---------------------------------------------------------------------
+
+def _wire_worker(rank: int, port: int, numel: int, reps: int, q) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from trainer import quant_wire
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    flat = torch.randn(numel)
+    ops = {"fp32 all-reduce": (lambda: dist.all_reduce(flat.clone()), numel * 4),
+           "bf16 all-reduce": (lambda: dist.all_reduce(flat.to(torch.bfloat16)), numel * 2)}
+    for name, bits in quant_wire.BITS.items():
+        payload = quant_wire.encode(flat, bits)
+        gathered = [torch.empty_like(payload) for _ in range(2)]
+
+        def sync(bits=bits, gathered=gathered):  # what a --comm int8/int4 sync does around the transfer
+            dist.all_gather(gathered, quant_wire.encode(flat, bits))
+            return sum(quant_wire.decode(g, numel, bits) for g in gathered)
+
+        ops[f"{name} all-gather (codes + scales)"] = (
+            lambda payload=payload, gathered=gathered: dist.all_gather(gathered, payload), payload.numel())
+        ops[f"{name} encode + all-gather + decode"] = (sync, payload.numel())
+    out = {}
+    for name, (op, nbytes) in ops.items():
+        times = []
+        for i in range(reps + 3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            op()
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        ms = statistics.median(times) * 1e3
+        out[name] = {"bytes": nbytes, "ms_median": round(ms, 3),
+                     "gbit_per_s": round(nbytes * 8 / ms / 1e6, 3)}
+    if rank == 0:
+        q.put(out)
+    dist.destroy_process_group()
+
+
+def wire_bench(numel: int, reps: int) -> dict:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with socket.socket() as sock:  # a free port for the group's rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [ctx.Process(target=_wire_worker, args=(r, port, numel, reps, q)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = q.get(timeout=300)
+    for p in procs:
+        p.join(timeout=60)
+    return {"numel": numel, "reps": reps, "ops": got}
+
+
+# --- the report ---------------------------------------------------------------------------------------
+
+def summarize(runs: list[dict]) -> dict:
+    """Per mode: the ratios to the reference of the same seed, median with min-max over seeds."""
+    ref = {r["seed"]: r for r in runs if r["mode"] == "ddp"}
+    out = {}
+    for mode in [m for m in MODES if any(r["mode"] == m for r in runs)]:
+        mine = [r for r in runs if r["mode"] == mode and r["seed"] in ref]
+        if not mine:
+            continue
+        label, _, vs = MODES[mode]
+        bytes_ratio = statistics.median(r["bytes_per_step"] / ref[r["seed"]]["bytes_per_step"] for r in mine)
+        out[mode] = {"label": label, "flags": flags_of(mode, mine[0]["steps"]), "compared_with": vs,
+                     "bytes_per_step": statistics.median(r["bytes_per_step"] for r in mine),
+                     "bytes_per_step_vs_ddp": bytes_ratio, "fewer_bytes": 1 / bytes_ratio,
+                     "val_loss_vs_ddp": spread([r["val_loss"] / ref[r["seed"]]["val_loss"] for r in mine]),
+                     "val_loss": spread([r["val_loss"] for r in mine]),
+                     "outer_steps": mine[0]["outer_steps"], "tokens": mine[0]["tokens"],
+                     "seeds": sorted(r["seed"] for r in mine)}
+    return out
+
+
+def targets(modes: dict) -> list[dict]:
+    """Per target: the measured mode with the lowest median loss ratio among those with enough fewer bytes."""
+    rows = []
+    for fewer, within in TARGETS:
+        fit = {m: s for m, s in modes.items() if m != "ddp" and s["fewer_bytes"] >= fewer}
+        best = min(fit, key=lambda m: fit[m]["val_loss_vs_ddp"]["median"]) if fit else None
+        rows.append({"fewer_bytes": fewer, "val_loss_within": within, "best_mode": best,
+                     "val_loss_vs_ddp": fit[best]["val_loss_vs_ddp"] if best else None,
+                     "met": bool(best) and fit[best]["val_loss_vs_ddp"]["median"] <= 1 + within})
+    return rows
+
+
+def verdict(modes: dict, mode: str) -> str:
+    """Does the one thing this mode changes help? Against the mode it changes, in medians of the loss
+    ratio; a difference within the largest spread over seeds of any mode in the study is no gain (a mode
+    run with one seed has no spread of its own)."""
+    vs = modes[mode]["compared_with"]
+    if vs is None or vs not in modes:
+        return ""
+    a, b = modes[mode]["val_loss_vs_ddp"], modes[vs]["val_loss_vs_ddp"]
+    d = a["median"] - b["median"]
+    noise = max(m["val_loss_vs_ddp"]["max"] - m["val_loss_vs_ddp"]["min"] for m in modes.values())
+    word = "helps" if d < -noise else "hurts" if d > noise else "no clear difference"
+    return f"{d * 100:+.1f} pt vs {vs}: {word}"
+
+
+def pct(x: dict) -> str:
+    def p(v):
+        return f"{(v - 1) * 100:+.1f} %"
+    return f"{p(x['median'])} ({p(x['min'])} to {p(x['max'])})"
+
+
+def write_md(rep: dict) -> str:
+    modes, m = rep["modes"], rep["machine"]
+    lines = [f"# Low-communication training vs per-step fp32 DDP at equal tokens ({rep['when']})", "",
+             rep["setup"], "",
+             "| mode | flags | bytes/step vs DDP | val loss vs DDP, median (min to max) | seeds | val loss "
+             "| outer steps | tokens | the one change |", "|---|---|---|---|---|---|---|---|---|"]
+    for mode, s in modes.items():
+        v = s["val_loss"]
+        lines.append(f"| {s['label']} | `{' '.join(s['flags']) or '--sync-every 1'}` | "
+                     f"1/{s['fewer_bytes']:.1f} | {pct(s['val_loss_vs_ddp'])} | {len(s['seeds'])} | "
+                     f"{v['median']:.4f} | "
+                     f"{s['outer_steps']} | {s['tokens']:,} | {verdict(modes, mode)} |")
+    skipped = [f"{m} ({MODES[m][0]})" for m in MODES if m not in modes]
+    if skipped:
+        lines += ["", "Defined in bench/lowcomm.py but not run in this study: " + "; ".join(skipped) + "."]
+    lines += ["", "Targets (medians over seeds, the reference in the same seed):", ""]
+    for t in rep["targets"]:
+        got = (f"best {t['best_mode']}: {pct(t['val_loss_vs_ddp'])} -> {'met' if t['met'] else 'not met'}"
+               if t["best_mode"] else "no mode measured with so few bytes")
+        lines.append(f"- at >= {t['fewer_bytes']}x fewer bytes per step, val loss within "
+                     f"{t['val_loss_within'] * 100:.0f} %: {got}")
+    w = rep.get("wire")
+    if w:
+        lines += ["", f"gloo on loopback, one sync of this model ({w['numel']:,} values), median of "
+                  f"{w['reps']} (2 processes, 1 thread each):", "",
+                  "| what | bytes per rank | ms | Gbit/s of payload |", "|---|---|---|---|"]
+        lines += [f"| {name} | {o['bytes']:,} | {o['ms_median']:.2f} | {o['gbit_per_s']:.2f} |"
+                  for name, o in w["ops"].items()]
+    lines += ["", f"Machine: {m.get('cpu')}, {m.get('logical_cpus')} logical CPUs (shared), torch "
+              f"{m.get('torch')}, load average {m.get('load_before')} before, {m.get('load_after')} after.",
+              "Plot: curves.png (validation loss over tokens, median over seeds; right: over the reference).",
+              ""]
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], modes: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    def median_curve(mode):
+        curves = [r["val_curve"] for r in runs if r["mode"] == mode]
+        n = min(len(c) for c in curves)
+        x = [p[0] for p in curves[0][:n]]
+        return np.array(x), np.median([[p[1] for p in c[:n]] for c in curves], axis=0)
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    rx, ry = median_curve("ddp")
+    for mode, s in modes.items():
+        x, y = median_curve(mode)
+        style = "k-" if mode == "ddp" else "-"
+        a.plot(x, y, style, marker=".", label=f"{s['label']} (1/{s['fewer_bytes']:.0f} bytes)")
+        b.plot(x, y / np.interp(x, rx, ry), style, marker=".")
+    a.set(xlabel="tokens", ylabel="validation loss", title="validation loss (median over seeds)")
+    b.set(xlabel="tokens", ylabel="val loss / per-step DDP", title="over per-step fp32 DDP")
+    b.axhline(1.01, color="gray", ls=":", lw=1)
+    b.axhline(1.03, color="gray", ls="--", lw=1)
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1600, help="steps per run (all modes: equal tokens)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338], help="one round per seed")
+    ap.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=list(MODES),
+                    help="modes to run (the reference ddp always runs; default: the recommended settings)")
+    ap.add_argument("--id", default=time.strftime("%Y%m%d-%H%M%S"),
+                    help="study folder runs/bench-lowcomm-ID (an existing one: its finished runs are kept)")
+    ap.add_argument("--join", nargs="*", default=[], metavar="ID",
+                    help="also report the runs of these study folders (same --steps and --seeds)")
+    ap.add_argument("--results", default=str(RESULTS), help="where report.json, report.md, curves.png go")
+    ap.add_argument("--wire-reps", type=int, default=30,
+                    help="repetitions of the gloo micro-benchmark (0: skip)")
+    args = ap.parse_args(argv)
+    from trainer.data.shards import prepare
+
+    data = REPO / "runs" / "bench-lowcomm-data"
+    if not (data / "manifest.json").exists():
+        print(prepare(data, None, 16384, 64, 16, seed=0), flush=True)
+    work = REPO / "runs" / f"bench-lowcomm-{args.id}"
+    work.mkdir(parents=True, exist_ok=True)
+    machine = machine_info() | {"load_before": [round(x, 2) for x in os.getloadavg()]}
+    wire = None
+    if args.wire_reps:
+        from trainer.data.tokenizer import VOCAB_SIZE
+        from trainer.model import GPTConfig, param_count
+
+        gcfg = GPTConfig(vocab_size=VOCAB_SIZE, seq_len=SEQ, n_layer=2, n_embd=128, n_head=2)
+        wire = wire_bench(param_count(gcfg), args.wire_reps)
+    runs = study(args, work, data)
+    machine["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    modes = summarize(runs)
+    fewest_outer = min(s["outer_steps"] for s in modes.values())
+    rep = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine, "wire": wire,
+           "steps": args.steps, "seeds": args.seeds, "model_args": MODEL, "modes": modes,
+           "targets": targets(modes), "runs": runs,
+           "setup": (f"2 ranks, torchrun --standalone on this machine, gloo over loopback, 1 thread per "
+                     f"rank; {runs[0]['params']:,} parameters (depth 2, width 128), seq {SEQ}, {BATCH} "
+                     f"sequences per rank per step, lr 3e-3 cosine, {args.steps} steps = "
+                     f"{runs[0]['tokens']:,} tokens per run (at least {fewest_outer} outer steps); seeds "
+                     f"{', '.join(map(str, args.seeds))} (one round each, the reference in every round); "
+                     f"validation loss on 16 held-out row groups (128 sequences) at the end of each run; "
+                     f"bytes per step: what each rank handed to the collectives, counted by the trainer, "
+                     f"averaged over all steps.")}
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
+    (results / "report.md").write_text(write_md(rep))
+    plot(runs, modes, results / "curves.png")
+    print(write_md(rep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
