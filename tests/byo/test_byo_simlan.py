@@ -9,6 +9,7 @@ ranks-per-node test discards the cluster at its end.
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -165,7 +166,14 @@ def test_requirements_asking_for_another_torch_are_refused(simlan2, lab, seed_ru
 
 def fill_requirements(code: Path, wheelhouse: Path) -> subprocess.CompletedProcess:
     """What `make wheelhouse` runs, with the requirements file named (the test's lab passes its code dir
-    with -e, not in the inventory)."""
+    with -e, not in the inventory). The shared folder's wheels (torch) are hard-linked first, as a second
+    `make wheelhouse` finds them, so only the requirements' wheels are downloaded."""
+    wheelhouse.mkdir()
+    for wheel in (REPO / "wheelhouse").glob("*.whl"):
+        try:
+            os.link(wheel, wheelhouse / wheel.name)
+        except OSError:  # another file system
+            shutil.copy2(wheel, wheelhouse / wheel.name)
     argv = [sys.executable, "-m", "ddplab.wheelhouse", "fill", "--dir", str(wheelhouse), "--python", "3.11",
             "--requirements", str(code / "requirements.txt")]
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)

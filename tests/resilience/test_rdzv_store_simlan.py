@@ -39,7 +39,7 @@ def test_only_the_labs_nodes_reach_the_store_and_it_ends_with_the_run(simlan2, t
     node0 = c.host("node0").addr  # in the lab
     port = _free_port()
     info = _store("start", "--state", str(tmp_path), "--port", str(port), "--toward", node0, "--allow", node0,
-                  "--idle-seconds", "8")
+                  "--idle-seconds", "30")
     host = info["host"]
     assert info["allow"] == sorted([node0, host])
     client = ("import datetime, torch.distributed as d; "
@@ -50,11 +50,13 @@ def test_only_the_labs_nodes_reach_the_store_and_it_ends_with_the_run(simlan2, t
     # node1 is not in this lab's inventory: its SYN is dropped by the kernel, it cannot even connect
     knock = (f"import socket; s = socket.socket(); s.settimeout(4); s.connect(({host!r}, {port})); "
              "print('connected')")
+    assert _listening(port)  # the store is up: a refusal below could only come from the filter
     outsider = c.exec("node1", [sys.executable, "-c", knock], timeout=60)
+    assert _listening(port), "the store ended before the outsider's knock was judged: raise --idle-seconds"
     assert outsider.returncode != 0 and "connected" not in outsider.stdout, outsider.stdout
     assert "timed out" in outsider.stderr, outsider.stderr[-500:]
     # no node connected any more (the run is over, nobody waits): the store ends by itself
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     while _listening(port):
         assert time.monotonic() < deadline, f"the store still listens on {port} with no node connected"
         time.sleep(1)
