@@ -16,10 +16,15 @@ A node-to-node copy that fails is sent from the control host instead, and the re
 
 SPEC (JSON on stdin)::
 
-    {"nodes": [{"name": "node0", "root": "/root/ddplab", "addr": "10.0.0.5", "port": 22, "user": "me",
-                "conn": {...},                                  # as sync_push's conn (Ansible's SSH)
-                "files": [{"src": "/ctl/data/a.bin", "dest": "data/a.bin"}]},   # dest relative to root
+    {"nodes": [{"name": "node0", "root": "/root/ddplab", "addr": "10.0.0.5",   # lab folder, lab address
+                "conn": {...},                                # as sync_push's conn (Ansible's SSH)
+                "base": "/root/ddplab/data",                  # the node folder dest is relative to
+                "files": [{"src": "/ctl/data/a.bin", "dest": "a.bin"}],   # or names: sync_push.expand
+                "src_dir": ""},
                ...]}
+
+A node whose base is not inside its lab folder (a ddplab_sync_dirs dest elsewhere) gets its files from the
+control host (the relay key may only write into the lab folder); the result names it.
 
 FILE is rewritten as ``{"state", "elapsed", "lines": ["node1 <- node0: 40 MiB / 1.0 GiB ...", ...],
 "line"}``. Prints ``{"control_bytes", "sources": {node: "control" | holder}, "fallbacks": [...], "elapsed"}``.
@@ -46,6 +51,18 @@ RELAY_DIR = ".relay"
 KEY_FILE = f"{RELAY_DIR}/id_ed25519"
 KNOWN_HOSTS_FILE = f"{RELAY_DIR}/known_hosts"
 CONNECT_TIMEOUT_S = 10
+
+
+def under_root(node: dict) -> dict | None:
+    """``node`` with each dest relative to its lab folder, or None when base is outside it."""
+    node = {**node, "files": sync_push.expand(node)}
+    root, base = os.path.normpath(node["root"]), os.path.normpath(node.get("base") or node["root"])
+    if os.path.commonpath([root, base]) != root:
+        return None
+    sub = os.path.relpath(base, root)
+    files = [{"src": f["src"], "dest": os.path.normpath(os.path.join(sub, str(f["dest"]).lstrip("/")))}
+             for f in node["files"]]
+    return {**node, "base": root, "files": files}
 
 
 def order(nodes: list[dict]) -> tuple[list[str], list[str]]:
@@ -89,9 +106,9 @@ def relay_rsh(src: dict, dst: dict) -> str:
     argv = ["ssh", "-i", f"{root}/{KEY_FILE}", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
             "-o", f"UserKnownHostsFile={root}/{KNOWN_HOSTS_FILE}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-            "-p", str(int(dst.get("port") or 22))]
-    if dst.get("user"):
-        argv += ["-l", str(dst["user"])]
+            "-p", str(int(dst["conn"].get("port") or 22))]
+    if dst["conn"].get("user"):
+        argv += ["-l", str(dst["conn"]["user"])]
     return shlex.join(argv)
 
 
@@ -139,17 +156,34 @@ def hop(src: dict, dst: dict, board: Board) -> None:
 
 
 def from_control(dst: dict, board: Board) -> int:
-    spec = {"base": dst["root"], "files": dst["files"], "conn": dst["conn"]}
+    spec = {"base": dst["base"], "files": dst["files"], "src_dir": dst.get("src_dir"), "conn": dst["conn"]}
     sync_push.push(spec, lambda state: board.update(dst["name"], CONTROL, state, state["state"] != "running"))
-    return sum(os.path.getsize(f["src"]) for f in dst["files"])
+    return sum(os.path.getsize(f["src"]) for f in sync_push.expand(dst))
 
 
 def relay(spec: dict, progress: str) -> dict:
-    nodes = {n["name"]: n for n in spec["nodes"]}
-    seed = spec["nodes"][0]
-    holders, receivers = order(spec["nodes"])
     board = Board(progress, time.monotonic())
     result = {"control_bytes": 0, "sources": {}, "fallbacks": []}
+    outside = [n for n in spec["nodes"] if n["files"] and under_root(n) is None]
+    for node in outside:
+        result["control_bytes"] += from_control(node, board)
+        result["sources"][node["name"]] = CONTROL
+        result["fallbacks"].append(f"{node['base']} on {node['name']} is outside its lab folder "
+                                   f"{node['root']}, where the relay key may not write; sent from the "
+                                   "control host")
+    inside = [under_root(n) for n in spec["nodes"] if n not in outside]
+    if inside:
+        run_tree(inside, board, result)
+    board.write("done")
+    result["elapsed"] = round(time.monotonic() - board.start, 1)
+    return result
+
+
+def run_tree(inside: list[dict], board: Board, result: dict) -> None:
+    """The binomial tree over ``inside`` (dests relative to each lab folder), the first node the seed."""
+    nodes = {n["name"]: n for n in inside}
+    seed = inside[0]
+    holders, receivers = order(inside)
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         running = {}
         if seed["files"]:
@@ -179,9 +213,6 @@ def relay(spec: dict, progress: str) -> dict:
                     holders.append(src)
                 result["sources"][dst] = src
                 holders.append(dst)
-    board.write("done")
-    result["elapsed"] = round(time.monotonic() - board.start, 1)
-    return result
 
 
 def add_parser(sub):

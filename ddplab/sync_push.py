@@ -8,6 +8,7 @@ SPEC (JSON on stdin)::
 
     {"base": "/root/ddplab/code",                     # node folder the dest paths are relative to
      "files": [{"src": "/home/me/repo/data/a.bin", "dest": "user/data/a.bin"}, ...],
+     "src_dir": "/home/me/shards",      # optional: then a file may be a name, the same under src_dir and base
      "conn": {"local": false, "host": "10.0.0.5", "user": "me", "port": 22, "key": "~/.ssh/id",
               "ssh_args": "...", "common_args": "...", "extra_args": "..."}}   # as Ansible's ssh plugin
 
@@ -37,6 +38,19 @@ from ddplab.errors import DdplabError
 from ddplab.transfer_progress import Meter, rsync_bytes
 
 WRITE_EVERY_S = 0.5
+
+
+def expand(spec: dict) -> list[dict]:
+    """spec's files as {src, dest}: a bare name is src_dir/name on the control host, name under base."""
+    src_dir = str(spec.get("src_dir") or "").rstrip("/")
+    out = []
+    for f in spec["files"]:
+        if isinstance(f, str):
+            if not src_dir:
+                raise DdplabError(f"sync: the file {f!r} is a bare name but the spec has no src_dir")
+            f = {"src": f"{src_dir}/{f}", "dest": f}
+        out.append(f)
+    return out
 
 
 def groups(files: list[dict]) -> dict[tuple[str, str], list[str]]:
@@ -120,7 +134,7 @@ def push(spec: dict, progress) -> dict:
     """Send spec's files; ``progress`` is the state file's path, or a function given each state."""
     on_state = progress if callable(progress) else (lambda state: write_state(progress, state))
     conn, base = spec["conn"], str(spec["base"]).rstrip("/")
-    files = spec["files"]
+    files = expand(spec)
     if shutil.which("rsync") is None:
         raise DdplabError("rsync is not installed on the control host; install it (apt-get install rsync)")
     total = sum(os.path.getsize(f["src"]) for f in files)

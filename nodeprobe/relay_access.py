@@ -1,5 +1,6 @@
-"""``python3 -I - SPEC < relay_access.py`` (shipped alone as the program on stdin, stdlib only; SPEC is JSON): the lab key's entry in the run user's
-authorized_keys, added, replaced or removed; nothing else in the file is touched.
+"""``python3 -I - SPEC < relay_access.py`` (shipped alone as the program on stdin, stdlib only; SPEC is
+JSON): the lab key's entry in the run user's authorized_keys, added, replaced or removed; nothing else in
+the file is touched.
 
 The entry lets the lab's relay key (roles/relay_ssh) do one thing: rsync *into* the lab folder, through
 rrsync (rsync's own restricted-rsync wrapper) as the forced command::
@@ -13,9 +14,10 @@ receives only, ``-no-del`` refuses --delete/--remove, ``-munge`` keeps symlinks 
 folder. The comment ``ddplab-relay:<lab folder>`` marks the line as ddplab's: a second lab folder of the
 same user has its own line.
 
-Spec: ``{"state": "present" | "absent", "root": lab folder, "pubkey": "ssh-ed25519 AAAA...",
+Spec: ``{"state": "present" | "absent" | "probe", "root": lab folder, "pubkey": "ssh-ed25519 AAAA...",
 "from": [addresses], "authorized_keys": path ("~" allowed)}``. Prints ``{"changed": bool, "rrsync": path
 or "", "rsync": path or ""}`` (present: an empty rrsync means no entry was written: relay is not possible).
+``probe`` (check mode) reports what ``present`` would do and writes nothing.
 """
 
 from __future__ import annotations
@@ -87,11 +89,11 @@ def apply(spec: dict) -> dict:
     except FileNotFoundError:
         before = None
     line = None
-    if spec["state"] == "present" and rrsync and rsync:
+    if spec["state"] in ("present", "probe") and rrsync and rsync:
         line = entry(rrsync, root, spec["pubkey"], list(spec.get("from") or []))
     after = updated(before or "", root, line)
     changed = after != (before or "") and not (before is None and line is None)
-    if changed:
+    if changed and spec["state"] != "probe":
         write(path, after)
     return {"changed": changed, "rrsync": rrsync, "rsync": rsync}
 
