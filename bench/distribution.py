@@ -200,8 +200,9 @@ def resume_check(n: int, folder: Path, sums: dict, size: int, progress: str) -> 
 
 
 def setup_relay(n: int, runs: Path) -> None:
-    """roles/relay_ssh through prepare.yml (tags data; no shards, no code): the real node-to-node SSH."""
-    extra = json.dumps({"ddplab_distribution": "relay", "ddplab_data_dir": "", "ddplab_runs_dir": str(runs)})
+    """roles/relay_ssh through prepare.yml (tags data: also the default shards, data/shards): the real
+    node-to-node SSH."""
+    extra = json.dumps({"ddplab_distribution": "relay", "ddplab_runs_dir": str(runs)})
     proc = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory()),
                            "playbooks/prepare.yml", "--tags", "data", "-e", extra], cwd=REPO,
                           capture_output=True, text=True)
