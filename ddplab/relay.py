@@ -51,6 +51,12 @@ RELAY_DIR = ".relay"
 KEY_FILE = f"{RELAY_DIR}/id_ed25519"
 KNOWN_HOSTS_FILE = f"{RELAY_DIR}/known_hosts"
 CONNECT_TIMEOUT_S = 10
+# Pipelining: the files are sent in about BATCHES batches of at least BATCH_MIN_BYTES each.
+BATCHES = 8
+BATCH_MIN_BYTES = 16 << 20
+# Node-to-node SSH connections are shared between the batches (a socket in the holder's .relay folder,
+# closed this many seconds after the last batch).
+MUX_PERSIST_S = 10
 
 
 def under_root(node: dict) -> dict | None:
@@ -106,6 +112,8 @@ def relay_rsh(src: dict, dst: dict) -> str:
     argv = ["ssh", "-i", f"{root}/{KEY_FILE}", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
             "-o", f"UserKnownHostsFile={root}/{KNOWN_HOSTS_FILE}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "StrictHostKeyChecking=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o", "ControlMaster=auto", "-o", f"ControlPersist={MUX_PERSIST_S}",
+            "-o", f"ControlPath={root}/{RELAY_DIR}/cm-%C",
             "-p", str(int(dst["conn"].get("port") or 22))]
     if dst["conn"].get("user"):
         argv += ["-l", str(dst["conn"]["user"])]
@@ -141,78 +149,148 @@ class Board:
                                           "lines": lines, "line": " | ".join(lines)})
 
 
-def hop(src: dict, dst: dict, board: Board) -> None:
-    files = dst["files"]
-    meter = Meter(sum(os.path.getsize(f["src"]) for f in files), len(files), [f["dest"] for f in files])
+def batches(nodes: list[dict]) -> list[list[str]]:
+    """The dests any node needs, in name order, cut into batches of at least BATCH_MIN_BYTES (and about
+    1/BATCHES of the total): a node passes a batch on while the next one is still arriving (pipelining)."""
+    sizes = {f["dest"]: os.path.getsize(f["src"]) for n in nodes for f in n["files"]}
+    least = max(BATCH_MIN_BYTES, sum(sizes.values()) // BATCHES)
+    out, cur, cur_bytes = [], [], 0
+    for dest in sorted(sizes):
+        cur.append(dest)
+        cur_bytes += sizes[dest]
+        if cur_bytes >= least:
+            out.append(cur)
+            cur, cur_bytes = [], 0
+    return out + ([cur] if cur else [])
+
+
+def with_mux(conn: dict, folder: str) -> dict:
+    """conn with its SSH connection shared between the job's transfers (ControlPath in the job's own temp
+    folder; Ansible's ssh_args already ask for ControlMaster/ControlPersist, ssh takes the first value)."""
+    extra = f"-o ControlMaster=auto -o ControlPersist=30 -o ControlPath={folder}/%C"
+    return {**conn, "extra_args": f"{conn.get('extra_args') or ''} {extra}".strip()}
+
+
+class Node:
+    """One node's part of the job: what it needs per batch, the batches it holds, its progress meter."""
+
+    def __init__(self, spec: dict, cuts: list[list[str]]):
+        self.spec, self.name = spec, spec["name"]
+        self.need = {f["dest"]: f for f in spec["files"]}
+        self.wants = [[self.need[d] for d in cut if d in self.need] for cut in cuts]
+        self.has = {b for b, files in enumerate(self.wants) if not files}
+        self.done = 0
+        self.meter = Meter(sum(os.path.getsize(f["src"]) for f in spec["files"]), len(spec["files"]),
+                           sorted(self.need))
+
+    def missing(self) -> int | None:
+        return next((b for b in range(len(self.wants)) if b not in self.has), None)
+
+
+def hop(src: Node, dst: Node, files: list[dict], board: Board) -> int:
+    """The holder ``src`` rsyncs ``files`` into ``dst``; the bytes sent."""
     listing = "".join(str(f["dest"]).lstrip("/") + "\0" for f in files).encode()
     with tempfile.TemporaryFile("w+") as err:
-        rc, why = sync_push.stream(hop_argv(src, dst), listing, err, meter, board.start, 0,
-                                   lambda state: board.update(dst["name"], src["name"], state))
+        rc, why = sync_push.stream(hop_argv(src.spec, dst.spec), listing, err, dst.meter, board.start,
+                                   dst.done, lambda state: board.update(dst.name, src.name, state))
     if rc != 0:
-        board.update(dst["name"], src["name"], {**meter.state(0, "failed"), "line": f"failed: {why}"}, True)
-        raise DdplabError(f"relay {src['name']} -> {dst['name']} failed: {why}")
-    meter.add(time.monotonic() - board.start, meter.total)
-    board.update(dst["name"], src["name"], meter.state(time.monotonic() - board.start, "done"), True)
+        raise DdplabError(f"relay {src.name} -> {dst.name} failed: {why}")
+    return sum(os.path.getsize(f["src"]) for f in files)
 
 
-def from_control(dst: dict, board: Board) -> int:
-    spec = {"base": dst["base"], "files": dst["files"], "src_dir": dst.get("src_dir"), "conn": dst["conn"]}
-    sync_push.push(spec, lambda state: board.update(dst["name"], CONTROL, state, state["state"] != "running"))
-    return sum(os.path.getsize(f["src"]) for f in sync_push.expand(dst))
+def from_control(dst: Node, files: list[dict], board: Board) -> int:
+    """The control host sends ``files`` to ``dst`` (sync_push, as the star path); the bytes sent."""
+    offset = dst.done
+
+    def seen(state: dict) -> None:
+        dst.meter.add(time.monotonic() - board.start, offset + state["done"])
+        board.update(dst.name, CONTROL, dst.meter.state(time.monotonic() - board.start))
+
+    sync_push.push({"base": dst.spec["base"], "files": files, "conn": dst.spec["conn"]}, seen)
+    return sum(os.path.getsize(f["src"]) for f in files)
 
 
 def relay(spec: dict, progress: str) -> dict:
     board = Board(progress, time.monotonic())
     result = {"control_bytes": 0, "sources": {}, "fallbacks": []}
-    outside = [n for n in spec["nodes"] if n["files"] and under_root(n) is None]
-    for node in outside:
-        result["control_bytes"] += from_control(node, board)
-        result["sources"][node["name"]] = CONTROL
-        result["fallbacks"].append(f"{node['base']} on {node['name']} is outside its lab folder "
-                                   f"{node['root']}, where the relay key may not write; sent from the "
-                                   "control host")
-    inside = [under_root(n) for n in spec["nodes"] if n not in outside]
-    if inside:
+    inside = [under_root(n) for n in spec["nodes"]]
+    for node, mapped in zip(spec["nodes"], inside, strict=True):
+        if node["files"] and mapped is None:
+            outside = Node({**node, "files": sync_push.expand(node)}, [])
+            result["control_bytes"] += from_control(outside, outside.spec["files"], board)
+            result["sources"][node["name"]] = [CONTROL]
+            result["fallbacks"].append(f"{node['base']} on {node['name']} is outside its lab folder "
+                                       f"{node['root']}, where the relay key may not write; sent from the "
+                                       "control host")
+    inside = [m for m in inside if m is not None]
+    if any(n["files"] for n in inside):
         run_tree(inside, board, result)
     board.write("done")
     result["elapsed"] = round(time.monotonic() - board.start, 1)
     return result
 
 
+def pick(dst: Node, nodes: dict[str, Node], seed: str, sending: set[str]) -> str | None:
+    """Who sends ``dst`` its next batch: an idle node that holds it, else the control host (to the seed
+    only, so the uplink carries each byte once); None: wait."""
+    b = dst.missing()
+    idle = [n for n in nodes.values() if n.name not in sending and n.name != dst.name]
+    holder = next((n.name for n in idle if b in n.has), None)
+    if holder is not None:
+        return holder
+    return CONTROL if dst.name == seed and CONTROL not in sending else None
+
+
 def run_tree(inside: list[dict], board: Board, result: dict) -> None:
-    """The binomial tree over ``inside`` (dests relative to each lab folder), the first node the seed."""
-    nodes = {n["name"]: n for n in inside}
-    seed = inside[0]
-    holders, receivers = order(inside)
-    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        running = {}
-        if seed["files"]:
-            running[pool.submit(from_control, seed, board)] = (CONTROL, seed["name"])
-        while receivers or running:
-            while holders and receivers:
-                src, dst = holders.pop(0), receivers.pop(0)
-                running[pool.submit(hop, nodes[src], nodes[dst], board)] = (src, dst)
-            if not running:
-                raise DdplabError("relay: no node holds the files and the seed receives none")
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
-                src, dst = running.pop(fut)
-                try:
-                    sent = fut.result()
-                except DdplabError as e:
+    """Every node gets its batches from an idle holder (first the seed, from the control host), one
+    incoming and one outgoing transfer per node at a time: a pipelined tree."""
+    cuts = batches(inside)
+    seed = inside[0]["name"]
+    with tempfile.TemporaryDirectory(prefix="ddplab-relay-") as mux:
+        nodes = {n["name"]: Node({**n, "conn": with_mux(n["conn"], mux)}, cuts) for n in inside}
+        sending, receiving, running = set(), set(), {}
+        with ThreadPoolExecutor(max_workers=2 * len(nodes) + 1) as pool:
+            while any(n.missing() is not None for n in nodes.values()) or running:
+                for dst in nodes.values():
+                    if dst.name in receiving or dst.missing() is None:
+                        continue
+                    src = pick(dst, nodes, seed, sending)
+                    if src is None:
+                        continue
+                    b, files = dst.missing(), dst.wants[dst.missing()]
+                    job = (pool.submit(from_control, dst, files, board) if src == CONTROL
+                           else pool.submit(hop, nodes[src], dst, files, board))
+                    running[job] = (src, dst.name, b)
+                    sending.add(src)
+                    receiving.add(dst.name)
+                if not running:
+                    raise DdplabError("relay: no node holds the files and the seed receives none")
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for job in finished:
+                    src, name, b = running.pop(job)
+                    dst = nodes[name]
+                    try:
+                        sent = job.result()
+                    except DdplabError as e:
+                        if src == CONTROL:
+                            board.write("failed")
+                            raise
+                        # The receiver still gets the batch: from the control host, as the star path would.
+                        result["fallbacks"].append(f"{e}; sent {name} those files from the control host "
+                                                   "instead")
+                        sent, src = from_control(dst, dst.wants[b], board), CONTROL
                     if src == CONTROL:
-                        board.write("failed")
-                        raise
-                    # The receiver still gets its files: from the control host, as the star path would.
-                    result["fallbacks"].append(f"{e}; sent {dst} its files from the control host instead")
-                    holders.append(src)
-                    sent, src = from_control(nodes[dst], board), CONTROL
-                if src == CONTROL:
-                    result["control_bytes"] += sent
-                else:
-                    holders.append(src)
-                result["sources"][dst] = src
-                holders.append(dst)
+                        result["control_bytes"] += sent
+                    sending.discard(src)
+                    receiving.discard(name)
+                    dst.has.add(b)
+                    dst.done += sent
+                    result["sources"].setdefault(name, [])
+                    if src not in result["sources"][name]:
+                        result["sources"][name].append(src)
+                    if dst.missing() is None:
+                        dst.meter.add(time.monotonic() - board.start, dst.meter.total)
+                        board.update(name, src, dst.meter.state(time.monotonic() - board.start, "done"), True)
 
 
 def add_parser(sub):
