@@ -1,16 +1,17 @@
 """``python -m ddplab relay --progress FILE < SPEC``: each changed file leaves the control host once; the
 nodes pass it on to each other.
 
-The seed (the first node of the spec: the master) gets its missing files from the control host
-(``sync_push.push``, as the star path). Every node that already holds every file of the plan (nothing to
-receive), and every node once its own transfer ended, is a *holder*: it holds the whole plan, proven by
-sha256 before (what a node does not list was hashed equal) or after (the role hashes again). Each node
-that still needs files gets them from the first idle holder, so the number of nodes that can send doubles
-with each round (a binomial tree: 8 nodes in 1 + 3 rounds). A node-to-node copy is rsync run *on the
-holder* (the control host asks it over its usual SSH connection) into the receiver over SSH with the lab's
-relay key, whose authorized_keys entry only lets it rsync into the lab folder (nodeprobe/relay_access.py);
-the receiver's host key is checked against the lab's known_hosts (roles/relay_ssh). ``--partial`` keeps
-what arrived before an interruption, so the next run sends only the rest.
+The files go in batches (about BATCHES, at least BATCH_MIN_BYTES each; ``batches``). The seed (the first
+node of the spec: the master) gets its batches from the control host (rsync, as the star path). A node
+*holds* a batch once it received it, or from the start when it needs none of its files (what a node does
+not list was hashed equal on it). Each node that still needs a batch gets it from an idle holder
+(``pick``); a node receives one batch and sends one batch at a time, so a node passes batch k on while
+batch k+1 is still arriving (a pipelined tree: the senders double each round, and the control host's link
+carries each byte once). A node-to-node copy is rsync run *on the holder* (the control host asks it over its
+usual SSH connection) into the receiver over SSH with the lab's relay key, whose authorized_keys entry only
+lets it rsync into the lab folder (nodeprobe/relay_access.py); the receiver's host key is checked against
+the lab's known_hosts (roles/relay_ssh). ``--partial`` keeps what arrived before an interruption, so the
+next run sends only the rest. A copy already running on a holder finishes even when this job is killed.
 
 A node-to-node copy that fails is sent from the control host instead, and the result names it.
 
@@ -69,33 +70,6 @@ def under_root(node: dict) -> dict | None:
     files = [{"src": f["src"], "dest": os.path.normpath(os.path.join(sub, str(f["dest"]).lstrip("/")))}
              for f in node["files"]]
     return {**node, "base": root, "files": files}
-
-
-def order(nodes: list[dict]) -> tuple[list[str], list[str]]:
-    """(holders at the start, receivers in the order they are served): the seed first when it receives."""
-    seed = nodes[0]["name"]
-    holders = [n["name"] for n in nodes if not n["files"] and n["name"] != seed]
-    receivers = [n["name"] for n in nodes if n["files"] and n["name"] != seed]
-    if not nodes[0]["files"]:
-        holders.insert(0, seed)
-    return holders, receivers
-
-
-def plan_rounds(nodes: list[dict]) -> list[list[tuple[str, str]]]:
-    """The transfers as rounds of equal-length copies ((source, receiver); CONTROL for the control host):
-    what ``relay`` does when every copy takes the same time. For tests and the docs."""
-    holders, receivers = order(nodes)
-    rounds = [[(CONTROL, nodes[0]["name"])]] if nodes[0]["files"] else []
-    fresh = [nodes[0]["name"]] if nodes[0]["files"] else []
-    while receivers:
-        holders = holders + fresh
-        if not holders:
-            raise DdplabError("relay: no node holds the files and the seed receives none")
-        pairs = list(zip(holders, receivers, strict=False))
-        receivers = receivers[len(pairs):]
-        fresh = [dst for _, dst in pairs]
-        rounds.append(pairs)
-    return rounds
 
 
 def node_ssh(node: dict) -> list[str]:

@@ -23,22 +23,34 @@ def nodes(n, have=()):
             for i in range(n)]
 
 
-@pytest.mark.parametrize(("count", "rounds"), [(2, 2), (3, 3), (4, 3), (8, 4)])
-def test_rounds_double_the_holders(count, rounds):
-    plan = relay.plan_rounds(nodes(count))
-    assert len(plan) == rounds  # control -> seed, then log2(count) rounds
-    assert plan[0] == [(relay.CONTROL, "n0")]
-    received = [dst for r in plan for _, dst in r]
-    assert sorted(received) == sorted(f"n{i}" for i in range(count))  # each node served exactly once
-    assert sum(src == relay.CONTROL for r in plan for src, _ in r) == 1  # the uplink carries it once
-    for i, r in enumerate(plan[1:], 1):
-        holders = {dst for prev in plan[:i] for _, dst in prev}
-        assert {src for src, _ in r} <= holders  # only nodes that hold the files send
+def spec(name, files, tmp):
+    return {"name": name, "root": "/lab", "addr": "a", "conn": {"host": "a"}, "files": [
+        {"src": str(tmp / f), "dest": f} for f in files]}
 
 
-def test_nodes_that_hold_everything_send_from_the_start():
-    plan = relay.plan_rounds(nodes(4, have={"n0", "n2"}))
-    assert plan == [[("n0", "n1"), ("n2", "n3")]]  # nothing leaves the control host
+def test_batches_cut_the_files_in_name_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(relay, "BATCH_MIN_BYTES", 10)
+    for name, size in (("a", 6), ("b", 6), ("c", 30), ("d", 1)):
+        (tmp_path / name).write_bytes(b"x" * size)
+    nodes = [spec("n0", ["a", "c"], tmp_path), spec("n1", ["b", "d"], tmp_path)]
+    assert relay.batches(nodes) == [["a", "b"], ["c"], ["d"]]  # at least 10 bytes each, the rest last
+
+
+def test_a_batch_comes_from_an_idle_holder_and_the_uplink_serves_only_the_seed(tmp_path):
+    (tmp_path / "a").write_bytes(b"x")
+    (tmp_path / "b").write_bytes(b"y")
+    cuts = [["a"], ["b"]]
+    nodes = {n: relay.Node(spec(n, files, tmp_path), cuts)
+             for n, files in (("n0", ["a", "b"]), ("n1", ["a", "b"]), ("n2", ["b"]), ("n3", []))}
+    assert nodes["n2"].has == {0} and nodes["n3"].has == {0, 1}  # what a node does not need, it holds
+    assert relay.pick(nodes["n1"], nodes, "n0", set()) == "n2"  # n2 holds batch 0 (it needs only b)
+    assert relay.pick(nodes["n1"], nodes, "n0", {"n2", "n3"}) is None  # no idle holder: wait
+    assert relay.pick(nodes["n0"], nodes, "n0", {"n2", "n3"}) == relay.CONTROL  # the seed: from the uplink
+    assert relay.pick(nodes["n0"], nodes, "n0", {"n2", "n3", relay.CONTROL}) is None  # one upload at a time
+    nodes["n0"].has.add(0)
+    assert nodes["n0"].missing() == 1 and relay.pick(nodes["n2"], nodes, "n0", {"n3"}) is None  # b: not yet
+    nodes["n0"].has.add(1)
+    assert relay.pick(nodes["n2"], nodes, "n0", {"n3"}) == "n0"  # while n0 may still receive, it sends
 
 
 def test_dests_become_relative_to_the_lab_folder_and_outside_is_refused():
