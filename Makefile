@@ -16,8 +16,11 @@ TUNE_PROCS ?= 2
 TUNE_ROUNDS ?= 1
 # make test: test files run in this many parallel workers, each with its own simulated lab (tests/conftest.py)
 TEST_WORKERS ?= 3
+# make bench-distribution: the data sent to every node, in MiB, and the interleaved rounds
+DIST_SIZE_MB ?= 1024
+DIST_ROUNDS ?= 3
 
-.PHONY: help setup lint test test-fast data wheelhouse tune train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch bench-lowcomm clean
+.PHONY: help setup lint test test-fast data wheelhouse tune train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch bench-lowcomm bench-distribution clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -77,6 +80,9 @@ bench-relaunch: data  ## launch.yml vs bare ssh+tmux on a prepared lab, 2 and 8 
 
 bench-lowcomm: setup  ## Low-communication modes vs per-step DDP at equal tokens, 2 local ranks (~40 min; LOWCOMM_ARGS="--steps 160 --seeds 1337" for a quick look)
 	nice -n 10 $(BIN)/python bench/lowcomm.py $(LOWCOMM_ARGS)
+
+bench-distribution: setup  ## Star vs relay: DIST_SIZE_MB to 2, 4, 8 simulated hosts, uplink 100 Mbit/s or 1 Gbit/s (root)
+	$(BIN)/python bench/distribution.py --size-mb $(DIST_SIZE_MB) --rounds $(DIST_ROUNDS)
 
 bench-preflight: setup  ## Preflight wall time, healthy and per fault, on simulated hosts (root)
 	$(BIN)/python bench/preflight_bench.py

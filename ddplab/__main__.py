@@ -3,7 +3,8 @@
 report, follow, status (a run's outcome, live panes, which node failed first); validate, settings (check
 every setting before a node is touched; write the generated defaults and docs); preflight-verdict (judge
 the preflight's probes); smoke-verdict (decide the launch from the smoke run of your code);
-code-tree (plan a code sync); sync-push (rsync files to a node, with progress);
+code-tree (plan a code sync); sync-push (rsync files to a node, with progress); distribution (star or
+relay, and why); relay (send changed files once, the nodes pass them on);
 interrupt-guard (stop a run when its waiting playbook is interrupted); check-requirements (refuse a
 requirements file that asks for another torch); tune (tokens/s of 1 node x 1 process, 1 node x N
 processes and all nodes).
@@ -28,6 +29,8 @@ VERBS = {
     "preflight-verdict": "ddplab.preflight.verdict",
     "code-tree": "ddplab.code_tree",
     "sync-push": "ddplab.sync_push",
+    "relay": "ddplab.relay",
+    "distribution": "ddplab.distribution",
     "interrupt-guard": "ddplab.interrupt_guard",
     "check-requirements": "ddplab.check_requirements",
     "rdzv-store": "ddplab.rdzv_store",

@@ -8,6 +8,7 @@ SPEC (JSON on stdin)::
 
     {"base": "/root/ddplab/code",                     # node folder the dest paths are relative to
      "files": [{"src": "/home/me/repo/data/a.bin", "dest": "user/data/a.bin"}, ...],
+     "src_dir": "/home/me/shards",      # optional: then a file may be a name, the same under src_dir and base
      "conn": {"local": false, "host": "10.0.0.5", "user": "me", "port": 22, "key": "~/.ssh/id",
               "ssh_args": "...", "common_args": "...", "extra_args": "..."}}   # as Ansible's ssh plugin
 
@@ -37,6 +38,19 @@ from ddplab.errors import DdplabError
 from ddplab.transfer_progress import Meter, rsync_bytes
 
 WRITE_EVERY_S = 0.5
+
+
+def expand(spec: dict) -> list[dict]:
+    """spec's files as {src, dest}: a bare name is src_dir/name on the control host, name under base."""
+    src_dir = str(spec.get("src_dir") or "").rstrip("/")
+    out = []
+    for f in spec["files"]:
+        if isinstance(f, str):
+            if not src_dir:
+                raise DdplabError(f"sync: the file {f!r} is a bare name but the spec has no src_dir")
+            f = {"src": f"{src_dir}/{f}", "dest": f}
+        out.append(f)
+    return out
 
 
 def groups(files: list[dict]) -> dict[tuple[str, str], list[str]]:
@@ -78,6 +92,7 @@ def target(conn: dict, path: str) -> str:
 
 def rsync_argv(conn: dict, src_dir: str, dest_dir: str, list_file: str) -> list[str]:
     argv = ["rsync", "--recursive", "--times", "--copy-links", "--ignore-times", "--protect-args",
+            "--partial",
             "--from0", f"--files-from={list_file}", "--info=progress2", "--no-inc-recursive"]
     if not conn.get("local"):
         argv += ["--rsh", shlex.join(ssh_command(conn))]
@@ -91,43 +106,55 @@ def write_state(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def push(spec: dict, progress: str) -> dict:
+def stream(argv: list[str], stdin: bytes | None, err, meter: Meter, start: float, offset: int,
+           on_state) -> tuple[int, str]:
+    """Run one rsync (``--info=progress2``), feeding ``meter`` its byte counts plus ``offset`` and calling
+    ``on_state(meter.state(...))`` at most every WRITE_EVERY_S; (exit code, its last stderr words)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=err, env={**os.environ, "LC_ALL": "C"})
+    if stdin is not None:
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+    buf, last_write = b"", 0.0
+    while chunk := proc.stdout.read1(4096):
+        buf += chunk
+        *updates, buf = buf.replace(b"\n", b"\r").split(b"\r")
+        counts = [c for u in updates if (c := rsync_bytes(u.decode(errors="replace"))) is not None]
+        if counts:
+            meter.add(time.monotonic() - start, offset + counts[-1])
+        if time.monotonic() - last_write >= WRITE_EVERY_S:
+            on_state(meter.state(time.monotonic() - start))
+            last_write = time.monotonic()
+    rc = proc.wait()
+    err.seek(0)
+    return rc, (" ".join(err.read().split())[-400:] or f"exit code {rc}") if rc else ""
+
+
+def push(spec: dict, progress) -> dict:
+    """Send spec's files; ``progress`` is the state file's path, or a function given each state."""
+    on_state = progress if callable(progress) else (lambda state: write_state(progress, state))
     conn, base = spec["conn"], str(spec["base"]).rstrip("/")
-    files = spec["files"]
+    files = expand(spec)
     if shutil.which("rsync") is None:
         raise DdplabError("rsync is not installed on the control host; install it (apt-get install rsync)")
     total = sum(os.path.getsize(f["src"]) for f in files)
     meter, start, offset = Meter(total, len(files), [str(f["dest"]) for f in files]), time.monotonic(), 0
-    last_write = 0.0
-    write_state(progress, meter.state(0.0))
+    on_state(meter.state(0.0))
     for (src_dir, sub), rels in groups(files).items():
         dest_dir = f"{base}/{sub}" if sub else base
         with tempfile.NamedTemporaryFile("w", suffix=".files") as lst, tempfile.TemporaryFile("w+") as err:
             lst.write("".join(r + "\0" for r in rels))
             lst.flush()
-            proc = subprocess.Popen(rsync_argv(conn, src_dir, dest_dir, lst.name), stdout=subprocess.PIPE,
-                                    stderr=err, env={**os.environ, "LC_ALL": "C"})
-            buf = b""
-            while chunk := proc.stdout.read1(4096):
-                buf += chunk
-                *updates, buf = buf.replace(b"\n", b"\r").split(b"\r")
-                counts = [c for u in updates if (c := rsync_bytes(u.decode(errors="replace"))) is not None]
-                if counts:
-                    meter.add(time.monotonic() - start, offset + counts[-1])
-                if time.monotonic() - last_write >= WRITE_EVERY_S:
-                    write_state(progress, meter.state(time.monotonic() - start))
-                    last_write = time.monotonic()
-            rc = proc.wait()
+            rc, why = stream(rsync_argv(conn, src_dir, dest_dir, lst.name), None, err, meter, start, offset,
+                             on_state)
             if rc != 0:
-                err.seek(0)
-                why = " ".join(err.read().split())[-400:] or f"exit code {rc}"
-                write_state(progress, {**meter.state(time.monotonic() - start, "failed"), "line": why})
+                on_state({**meter.state(time.monotonic() - start, "failed"), "line": why})
                 raise DdplabError(f"sync to {target(conn, dest_dir)} failed: {why}; check that the "
                                   "node is up and has rsync (playbooks/prepare.yml installs it)")
         offset += sum(os.path.getsize(os.path.join(src_dir, r)) for r in rels)
         meter.add(time.monotonic() - start, offset)
     final = meter.state(time.monotonic() - start, "done")
-    write_state(progress, final)
+    on_state(final)
     return final
 
 

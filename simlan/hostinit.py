@@ -132,7 +132,8 @@ UsePAM no
 UseDNS no
 # The state folder is not root-only at every level; keys there would otherwise be refused.
 StrictModes no
-AuthorizedKeysFile {host_dir}/authorized_keys
+# The cluster key, then the user's own file as on a real host (ddplab's relay entry goes there).
+AuthorizedKeysFile {host_dir}/authorized_keys .ssh/authorized_keys
 Subsystem sftp internal-sftp
 PrintMotd no
 AcceptEnv LANG LC_*

@@ -176,6 +176,14 @@ SETTINGS: tuple[Setting, ...] = (
             "changed, with progress), hashed and checked by preflight; files ddplab did not place are never "
             "removed from dest.", section=CODE, elements="dict",
             example=[{"src": "/home/me/datasets/owt", "dest": "data/owt"}]),
+    Setting("ddplab_distribution", "str", "auto",
+            "How the wheels, shards, ddplab_sync_dirs, ddplab_code_include and code reach the nodes: star = "
+            "the control host sends each node its copy; relay = each changed file leaves the control host "
+            "once, to the master, and the nodes pass it on (rsync over SSH with a lab key that may only "
+            "rsync into the lab folder, removed by stop.yml -e ddplab_firewall_cleanup=true); auto = relay "
+            "from 3 nodes on. Without node-to-node SSH (a local node, no rrsync) prepare says why and uses "
+            "star.",
+            choices=("auto", "star", "relay")),
     Setting("ddplab_code_check", "bool", True,
             "Scan the entry point and the modules it imports (Python ast, nothing run) for what fails on CPU "
             "nodes under gloo, before any node changes; a certain failure refuses the launch (file:line and "

@@ -1,0 +1,86 @@
+"""``python -m ddplab distribution < SPEC``: star or relay for this prepare, and why (ddplab_distribution).
+
+star: the control host sends every node its files (sync_push). relay: it sends them once, to the seed,
+and the nodes pass them on (ddplab/relay.py), which needs node-to-node SSH limited to rsync into the lab
+folder (roles/relay_ssh). ``auto`` takes relay from RELAY_FROM_NODES nodes on: with 2 nodes a relay saves
+one copy and costs a node-to-node hop after it (bench/distribution.py measures both).
+
+SPEC::
+
+    {"setting": "auto" | "star" | "relay",
+     "nodes": [{"name": "node0", "local": false, "root": "/root/ddplab",
+                # after roles/relay_ssh probed the node (absent before):
+                "rrsync": "/usr/bin/rrsync", "rsync": "/usr/bin/rsync",
+                "host_keys": ["10.0.0.5 ssh-ed25519 AAAA..."]}]}
+
+Prints ``{"mode": "star" | "relay", "why": "...", "known_hosts": "..."}``: ``why`` is one line for the
+operator (also when the setting asked for relay and it is not possible); ``known_hosts`` the lab's
+known_hosts for the node-to-node hops (relay only).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ddplab.errors import DdplabError
+
+RELAY_FROM_NODES = 3
+SETTINGS = ("auto", "star", "relay")
+UNSAFE_PATH = set('"\\\n\r, ')
+
+
+def obstacle(nodes: list[dict]) -> str:
+    """Why node-to-node SSH is not possible for these nodes ("" when it is)."""
+    for n in nodes:
+        if n.get("local"):
+            return (f"{n['name']} is reached with ansible_connection=local, so no node can reach it over SSH "
+                    "with the lab key")
+        if UNSAFE_PATH & set(n["root"]):
+            return (f"{n['name']}'s lab folder {n['root']!r} holds a space, comma, quote or backslash, which "
+                    "an authorized_keys forced command cannot hold safely")
+        if "rsync" in n and not n["rsync"]:
+            return f"{n['name']} has no rsync (playbooks/prepare.yml installs it)"
+        if "rrsync" in n and not n["rrsync"]:
+            return (f"{n['name']} has no rrsync (rsync's restricted wrapper, /usr/bin/rrsync in Debian 12's "
+                    "rsync), so the lab key could not be limited to rsync into the lab folder")
+        if "host_keys" in n and not n["host_keys"]:
+            return (f"{n['name']}'s SSH server did not give its host key to ssh-keyscan on the node itself, "
+                    "so the other nodes could not check it")
+    return ""
+
+
+def decide(setting: str, nodes: list[dict]) -> dict:
+    if setting not in SETTINGS:
+        raise DdplabError(f"ddplab_distribution is {setting!r}; use one of {', '.join(SETTINGS)}")
+    if setting == "star":
+        return {"mode": "star", "why": "ddplab_distribution is star: the control host sends each node its "
+                                       "files"}
+    if setting == "auto" and len(nodes) < RELAY_FROM_NODES:
+        return {"mode": "star", "why": f"{len(nodes)} node(s): the control host sends each its files (auto "
+                                       f"relays from {RELAY_FROM_NODES} nodes on)"}
+    why = obstacle(nodes)
+    if why:
+        return {"mode": "star", "why": f"ddplab: warning: no relay ({why}); the control host sends each node "
+                                       "its files (star)"}
+    keys = sorted({line.strip() for n in nodes for line in n.get("host_keys", []) if line.strip()})
+    return {"mode": "relay", "why": f"relay: each changed file leaves the control host once, to "
+                                    f"{nodes[0]['name']}; the {len(nodes)} nodes pass it on",
+            "known_hosts": "".join(line + "\n" for line in keys)}
+
+
+def add_parser(sub):
+    p = sub.add_parser("distribution", help="star or relay for this prepare, and why (JSON spec on stdin)")
+    p.set_defaults(func=cmd_distribution)
+
+
+def cmd_distribution(args):
+    try:
+        spec = json.loads(sys.stdin.read())
+        nodes = [dict(n) for n in spec["nodes"]]
+        if not nodes or not all("name" in n and "root" in n for n in nodes):
+            raise ValueError("expected nodes, each with name and root")
+    except (ValueError, KeyError, TypeError) as e:
+        raise DdplabError(f"distribution: the spec on stdin is not usable ({e})") from None
+    print(json.dumps(decide(str(spec.get("setting", "auto")), nodes)))
+    return 0
