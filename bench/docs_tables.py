@@ -50,8 +50,8 @@ def lowcomm(rep: dict) -> list[str]:
 
 def relaunch(rep: dict) -> list[str]:
     """bench/relaunch.py: launch.yml against bare ssh + tmux, and a no-change prepare."""
-    rows = ["| hosts | launch.yml -e ddplab_wait=true (s) | bare ssh+tmux (s) | ratio | no-change prepare.yml (s) |",
-            "|---|---|---|---|---|"]
+    rows = ["| hosts | launch.yml -e ddplab_wait=true (s) | bare ssh+tmux (s) | ratio "
+            "| no-change prepare.yml (s) |", "|---|---|---|---|---|"]
     for r in rep["results"]:
         rows.append(f"| {r['hosts']} | {spread(r['launch_s'])} | {spread(r['bare_s'])} | "
                     f"{spread(r['ratio'], '{:.2f}')} | {spread(r['prepare_nochange_s'])} "
@@ -59,7 +59,31 @@ def relaunch(rep: dict) -> list[str]:
     return rows
 
 
-TABLES = {"lowcomm": (RESULTS / "lowcomm" / "report.json", lowcomm),
+def distribution(rep: dict) -> list[str]:
+    """bench/distribution.py: star vs relay per uplink and node count, against one copy through the uplink."""
+    size = rep["size_bytes"]
+    rows = [f"| control uplink (LAN {rep['lan']}) | nodes | star (s) | relay (s) "
+            f"| limit: {size / 2**20:,.0f} MiB / uplink (s) | relay vs limit | bytes that left the control host, star / relay (x size) |",
+            "|---|---|---|---|---|---|---|"]
+
+    def took(m: dict | None) -> str:
+        return f"{m['median_s']:.1f} [{m['min_s']:.1f}-{m['max_s']:.1f}]" if m else "-"
+
+    def sent(m: dict | None) -> str:
+        return f"{m['control_bytes_median'] / size:.2f}" if m else "-"
+
+    for name, per_nodes in rep["scenarios"].items():
+        for nodes, modes in sorted(per_nodes.items(), key=lambda kv: int(kv[0])):
+            star, relay = modes.get("star"), modes.get("relay")
+            limit = (star or relay)["limit_s"]
+            vs_limit = f"{relay['x_limit']:.2f}x" if relay else "-"
+            rows.append(f"| {rep['uplinks'][name]} | {nodes} | {took(star)} | {took(relay)} | {limit:.1f} | "
+                        f"{vs_limit} | {sent(star)} / {sent(relay)} |")
+    return rows
+
+
+TABLES = {"distribution": (RESULTS / "distribution" / "report.json", distribution),
+          "lowcomm": (RESULTS / "lowcomm" / "report.json", lowcomm),
           "relaunch": (RESULTS / "relaunch" / "report.json", relaunch)}
 
 
@@ -75,8 +99,8 @@ def pages() -> list[Path]:
 def refresh(text: str, where: str) -> str:
     def one(m: re.Match) -> str:
         if m["name"] not in TABLES:
-            raise SystemExit(f"docs_tables: {where} names table '{m['name']}', which bench/docs_tables.py does "
-                             f"not know; known: {', '.join(TABLES)}")
+            raise SystemExit(f"docs_tables: {where} names table '{m['name']}', unknown to "
+                             f"bench/docs_tables.py; known: {', '.join(TABLES)}")
         return m.group(1) + render(m["name"]) + m.group(4)
     return BLOCK.sub(one, text)
 
