@@ -63,7 +63,8 @@ def distribution(rep: dict) -> list[str]:
     """bench/distribution.py: star vs relay per uplink and node count, against one copy through the uplink."""
     size = rep["size_bytes"]
     rows = [f"| control uplink (LAN {rep['lan']}) | nodes | star (s) | relay (s) "
-            f"| limit: {size / 2**20:,.0f} MiB / uplink (s) | relay vs limit | bytes that left the control host, star / relay (x size) |",
+            f"| limit: {size / 2**20:,.0f} MiB / uplink (s) | relay vs limit "
+            "| bytes that left the control host, star / relay (x size) |",
             "|---|---|---|---|---|---|---|"]
 
     def took(m: dict | None) -> str:
