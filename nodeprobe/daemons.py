@@ -74,7 +74,7 @@ def ensure(daemons: list[dict], grace: float = 20.0, start_wait: float = 20.0) -
             continue
         run = subprocess.run(d["argv"], capture_output=True, text=True, timeout=60, check=False,
                              stdin=subprocess.DEVNULL)
-        up = wait_for(lambda n=name, f=pidfile: pid_of(n, f) is not None, start_wait)
+        up = run.returncode == 0 and wait_for(lambda n=name, f=pidfile: pid_of(n, f) is not None, start_wait)
         if run.returncode != 0 or not up:
             said = (run.stderr or run.stdout).strip().splitlines()[-5:]
             raise RuntimeError(f"{name} did not start ({' '.join(d['argv'])} exited {run.returncode}; "
