@@ -151,3 +151,14 @@ def test_a_daemon_that_does_not_come_up_is_named_with_its_words(tmp_path, capsys
     assert daemons.main(["--spec", json.dumps(spec)]) == 1
     err = json.loads(capsys.readouterr().out)["error"]
     assert "sleep did not start" in err and "fatal: no config" in err and "/var/log/x.log" in err
+
+
+def test_settings_refuse_elastic_under_slurm_with_one_message():
+    from ddplab.settings import inputs
+    base = {"ddplab_scheduler": "slurm", "ddplab_elastic": True, "ddplab_srun_ports": "60001-60100"}
+    (problem,) = inputs.scheduler(base)
+    assert problem.subject == "ddplab_elastic" and "ddplab_scheduler: none" in problem.fix
+    assert inputs.scheduler({**base, "ddplab_elastic": False}) == []
+    assert inputs.scheduler({**base, "ddplab_scheduler": "none"}) == []
+    (ports,) = inputs.scheduler({**base, "ddplab_elastic": False, "ddplab_srun_ports": "70000-70100"})
+    assert ports.subject == "ddplab_srun_ports"
