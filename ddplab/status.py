@@ -36,6 +36,7 @@ from nodeprobe.log_metrics import fmt_duration
 NOT_ASKED = "not asked (left out by --limit)"
 UNREACHABLE = "unreachable"
 VERDICTS = {"running": "running", "not-started": "not started", "stopped": "stopped (stop.yml)",
+            "queued": "queued (its Slurm job waits for the nodes)",
             "lost": "failed (no exit code, its tmux pane is gone)"}
 
 
@@ -57,6 +58,8 @@ def row_for(host: str, rank, state: dict | None, asked: bool, lost: bool = False
                 "last_line": "no answer over SSH (host down, asleep or cut off)"}
     kind, code = state.get("state"), state.get("code")
     verdict = VERDICTS.get(kind, "finished" if code == 0 else f"failed (exit code {code})")
+    if kind == "lost" and state.get("job_state"):  # a Slurm run: no exit code, job over
+        verdict = f"failed (no exit code; its Slurm job is {state['job_state']})"
     failed = kind == "lost" or (kind == "exited" and code != 0)
     exited_at = (state.get("code_time") or state.get("log_time") or 0.0) if kind == "exited" else 0.0
     return {**row, "verdict": verdict, "known": True, "failed": failed,

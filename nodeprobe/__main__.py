@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ddplab_log_pattern: your code's lines in launch.log (\"\": nanoGPT's, nanochat's)")
     rs.add_argument("--total-steps", type=int, default=0, metavar="N",
                     help="the built-in trainer's steps (0: unknown, or read from your code's lines)")
+    rs.add_argument("--job-state", default="", metavar="STATE",
+                    help="a Slurm run: its job's state (squeue %%T; NONE when Slurm no longer knows it)")
 
     vs = sub.add_parser("verify-shards", help="hash the shards a manifest names and compare (roles/dataset)")
     vs.add_argument("--dir", required=True, help="the node's shard folder")
@@ -232,7 +234,7 @@ def dispatch(args):
         from nodeprobe import run_status
 
         return run_status.run_status(args.run_dir, args.socket, args.session, args.wait, args.log_pattern,
-                                     args.total_steps)
+                                     args.total_steps, args.job_state)
     if args.cmd == "place-files":
         from nodeprobe import place_files
 

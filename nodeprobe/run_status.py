@@ -92,8 +92,22 @@ def log_progress(log: str, pattern: str) -> dict:
     return {**log_metrics.progress(read["records"], read["context"]), "log_format": read["format"]}
 
 
+# Slurm job states (squeue %T) in which the job's ranks are alive, or not started yet.
+SLURM_ALIVE = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED")
+SLURM_WAITING = ("PENDING", "REQUEUED", "RESV_DEL_HOLD", "REQUEUE_HOLD", "REQUEUE_FED")
+
+
+def alive_state(pane: dict | None, job_state: str) -> str:
+    """The state of a rank with no exit code: from its tmux pane, or (a Slurm run) from its job's state."""
+    if job_state:
+        if job_state in SLURM_WAITING:
+            return "queued"
+        return "running" if job_state in SLURM_ALIVE else "lost"
+    return "running" if pane and not pane["dead"] else "lost"
+
+
 def run_status(run_dir: str, socket: str, session: str, wait: float = 0, log_pattern: str = "",
-               total_steps: int = 0) -> dict:
+               total_steps: int = 0, job_state: str = "") -> dict:
     if wait > 0:
         wait_for_end(run_dir, wait)
     res = {"state": "not-started", "code": None, "step": None, "loss": None, "tokens_per_sec": None,
@@ -115,7 +129,9 @@ def run_status(run_dir: str, socket: str, session: str, wait: float = 0, log_pat
             res["code"] = int(f.read().strip())
         res["state"] = "exited"
     except (OSError, ValueError):
-        res["state"] = "running" if res["pane"] and not res["pane"]["dead"] else "lost"
+        res["state"] = alive_state(res["pane"], job_state)
+    if job_state:
+        res["job_state"] = job_state
     # stop.yml marks the run before it ends it: a rank it ended did not fail (one that finished did finish)
     stopped = mtime(os.path.join(run_dir, "stopped"))
     if stopped is not None and res["state"] != "running" and res["code"] != 0:

@@ -2,6 +2,7 @@
 
     python -m nodeprobe launch-facts < spec   # what the launch needs to know (read-only)
     python -m nodeprobe start-rank   < spec   # write the run's files and start the rank in tmux
+                                              # (scheduler "slurm": write them only; the job starts them)
 
 Two round trips instead of a dozen small tasks (read the Python, count CPUs, look for the session, stat
 the entry point, find checkpoints; then folder, environment, script, code record, exit marker, run id,
@@ -88,6 +89,9 @@ def start_rank(spec: dict) -> dict:
     (run_dir / "exit_code").unlink(missing_ok=True)
     if spec.get("last_run_file"):
         write_file(Path(spec["last_run_file"]), f"{spec['session']}\n", 0o644)
+    if spec.get("scheduler") == "slurm":  # the Slurm job's srun step runs launch.sh on this node
+        return {"probe": "start-rank", "started": False, "placed": True, "replaced_dead_session": False,
+                "run_dir": str(run_dir)}
     env = {k: v for k, v in os.environ.items() if k != "TMUX"}  # started from inside tmux: still a new server
     out = subprocess.run(tmux_argv(spec), capture_output=True, text=True, timeout=30, check=False, env=env)
     if out.returncode != 0:

@@ -20,6 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 README = "\n".join(p.read_text() for p in PAGES)
 EXEMPT = {"make test": "the CI entry itself (.ci/run runs it)"}
+# docs/slurm.md: run as typed by tests/stock/test_slurm.py on stock hosts (Slurm is installed into their
+# own root filesystems), with `-i` naming that test's inventory instead of inventory/mylab.
+SLURM_DOCS = [
+    "ansible-playbook -i inventory/mylab playbooks/slurm.yml",
+    "ansible-playbook -i inventory/mylab playbooks/launch.yml -e ddplab_wait=true",
+    "ansible-playbook -i inventory/mylab playbooks/status.yml",
+]
+EXEMPT.update(dict.fromkeys(SLURM_DOCS, "tests/stock/test_slurm.py"))
 # Commands of the local blocks, in the order a reader runs them (data first: launch needs shards).
 LOCAL = [
     "python -m trainer.data prepare --out data/shards",

@@ -213,3 +213,21 @@ def shards(v: dict) -> list[Problem]:
             return [Problem(str(path), f"sha256 of {changed} differs from the manifest",
                             "shards whose sha256 matches manifest.json", REGEN, hosts=[CONTROL])]
     return []
+
+
+def scheduler(v: dict) -> list[Problem]:
+    """What a Slurm run cannot do, refused before any node is touched."""
+    if v["ddplab_scheduler"] != "slurm":
+        return []
+    out = []
+    if v["ddplab_elastic"]:
+        out.append(_p("ddplab_elastic", "true with ddplab_scheduler slurm",
+                      "false: a Slurm job has a fixed node list, and Slurm (not torchrun's elastic agent) "
+                      "decides what happens when a node fails",
+                      "set ddplab_elastic: false, or ddplab_scheduler: none for an elastic run"))
+    first, _, last = v["ddplab_srun_ports"].partition("-")
+    if first and last and not 1024 <= int(first) <= int(last) <= 65535:
+        out.append(_p("ddplab_srun_ports", json.dumps(v["ddplab_srun_ports"]),
+                      "FIRST-LAST with 1024 <= FIRST <= LAST <= 65535",
+                      "set e.g. ddplab_srun_ports: \"60001-60100\""))
+    return out

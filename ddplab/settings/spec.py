@@ -136,6 +136,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_rdzv_port", "int", 29400,
             "ddplab_elastic: TCP port of the rendezvous store on the control host (nodes must reach it).",
             min=1, max=65535),
+    Setting("ddplab_scheduler", "str", "none",
+            "How launch.yml starts the ranks: none = one tmux session per node (a second run is refused "
+            "while one is live); slurm = one sbatch job over the lab's nodes (runs queue; slurm.yml "
+            "makes the lab a Slurm cluster; ddplab_elastic is refused).", choices=("none", "slurm")),
+    Setting("ddplab_slurm_controller", "str", "",
+            "ddplab_scheduler slurm: the node that runs slurmctld (an inventory name); \"\" = the master."),
+    Setting("ddplab_slurmctld_port", "int", 6817,
+            "ddplab_scheduler slurm: slurmctld's TCP port (opened to the lab's nodes only).",
+            min=1, max=65535),
+    Setting("ddplab_slurmd_port", "int", 6818,
+            "ddplab_scheduler slurm: slurmd's TCP port on every node (opened to the lab's nodes only).",
+            min=1, max=65535),
+    Setting("ddplab_srun_ports", "str", "60001-60100",
+            "ddplab_scheduler slurm: srun's port range (slurm.conf SrunPortRange; opened to the lab's nodes "
+            "only).", pattern=r"[0-9]{1,5}-[0-9]{1,5}", pattern_doc="FIRST-LAST, e.g. 60001-60100"),
     Setting("ddplab_resume", "bool", False,
             "launch.yml: continue the run from its newest valid checkpoint on the master (also automatic "
             "when a reused ddplab_run_id finds checkpoints)."),

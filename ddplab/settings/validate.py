@@ -118,6 +118,7 @@ RUN_CHECKS = (
     (inputs.shards, ("ddplab_data_dir", "ddplab_entrypoint")),
     (inputs.sync_dirs, ("ddplab_sync_dirs",)),
     (inputs.log_pattern, ("ddplab_log_pattern", "ddplab_entrypoint")),
+    (inputs.scheduler, ("ddplab_scheduler", "ddplab_elastic", "ddplab_srun_ports")),
     (external.trainer_args, ("ddplab_entrypoint", "ddplab_data_dir", "ddplab_run_id", "ddplab_trainer_steps",
                              "ddplab_trainer_depth", "ddplab_pg_timeout", "ddplab_resume",
                              "ddplab_trainer_extra_args", "ddplab_threads", "ddplab_balance",

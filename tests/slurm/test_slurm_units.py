@@ -1,0 +1,164 @@
+"""The Slurm pieces that run without Slurm: slurm.conf's data and text (roles/slurm), the job's data
+(roles/launch/filter_plugins/slurm_job.py), a Slurm run's rank state (nodeprobe/run_status.py) and the
+daemon starter for hosts without systemd (nodeprobe/daemons.py, on real processes)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+from pathlib import Path
+
+import jinja2
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from nodeprobe import daemons
+from nodeprobe.run_status import alive_state
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+conf = _load("slurm_conf", REPO / "roles/slurm/filter_plugins/slurm_conf.py")
+job = _load("slurm_job", REPO / "roles/launch/filter_plugins/slurm_job.py")
+
+HOSTVARS = {
+    "laptop-b": {"ansible_hostname": "bee", "ansible_processor_vcpus": 4, "ansible_memtotal_mb": 7900},
+    "laptop-a": {"ansible_hostname": "ant", "ansible_processor_vcpus": 8, "ansible_memtotal_mb": 15800},
+}
+ADDRS = {"laptop-a": "192.168.1.10", "laptop-b": "192.168.1.11"}
+
+
+def test_conf_data_comes_from_each_nodes_facts_sorted_by_slurm_name():
+    data = conf.slurm_conf(["laptop-b", "laptop-a"], HOSTVARS, ADDRS, "laptop-a", "60001-60100")
+    assert data["controller"] == {"name": "ant", "addr": "192.168.1.10"}
+    assert [(n["name"], n["addr"], n["cpus"], n["real_memory"]) for n in data["nodes"]] == [
+        ("ant", "192.168.1.10", 8, 15800 - conf.MEMORY_SLACK_MB),
+        ("bee", "192.168.1.11", 4, 7900 - conf.MEMORY_SLACK_MB)]
+    assert data["partition"] == {"name": "lab", "nodes": "ant,bee"}
+    assert conf.slurm_names(data) == {"laptop-a": "ant", "laptop-b": "bee"}
+
+
+def test_conf_refuses_two_nodes_with_one_hostname_and_a_controller_outside_the_lab():
+    twins = {h: {**v, "ansible_hostname": "debian"} for h, v in HOSTVARS.items()}
+    with pytest.raises(AnsibleFilterError,
+                       match=r"laptop-b: has the hostname 'debian' like laptop-a.*hostnamectl"):
+        conf.slurm_conf(["laptop-a", "laptop-b"], twins, ADDRS, "laptop-a", "60001-60100")
+    with pytest.raises(AnsibleFilterError, match=r"gpu-box: ddplab_slurm_controller is not a node.*laptop-a"):
+        conf.slurm_conf(["laptop-a", "laptop-b"], HOSTVARS, ADDRS, "gpu-box", "60001-60100")
+
+
+def test_rendered_slurm_conf_names_every_node_the_ports_and_no_cgroup_plugins():
+    data = conf.slurm_conf(["laptop-a", "laptop-b"], HOSTVARS, ADDRS, "laptop-a", "60001-60100")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "roles/slurm/templates"), trim_blocks=True,
+                             undefined=jinja2.StrictUndefined)
+    text = env.get_template("slurm.conf.j2").render(
+        slurm_conf_data=data, slurm_cluster_name="ddplab", ansible_managed="managed",
+        ddplab_slurmctld_port=6817, ddplab_slurmd_port=6818, slurm_slurmd_timeout=30)
+    lines = text.splitlines()
+    assert "SlurmctldHost=ant(192.168.1.10)" in lines and "SrunPortRange=60001-60100" in lines
+    assert "NodeName=bee NodeAddr=192.168.1.11 CPUs=4 RealMemory=7836 State=UNKNOWN" in lines
+    assert "PartitionName=lab Nodes=ant,bee Default=YES MaxTime=INFINITE State=UP" in lines
+    assert "ProctrackType=proctrack/linuxproc" in lines and "TaskPlugin=task/none" in lines
+    assert not [ln for ln in lines if "{" in ln or "}" in ln]
+
+
+def test_daemon_specs_restart_only_what_read_the_changed_file():
+    daemons_var = [
+        {"name": "munged", "pidfile": "/run/munge/munged.pid", "argv": ["munged"], "changed_by": ["key"]},
+        {"name": "slurmd", "pidfile": "/run/slurmd.pid", "argv": ["slurmd"], "changed_by": ["key", "conf"]}]
+    assert [d["restart"] for d in conf.slurm_daemon_specs(daemons_var, False, True)] == [False, True]
+    assert [d["restart"] for d in conf.slurm_daemon_specs(daemons_var, True, False)] == [True, True]
+    assert [d["restart"] for d in conf.slurm_daemon_specs(daemons_var, False, False)] == [False, False]
+
+
+SCONTROL = [f"NodeName=node{i} Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=10.77.7.1{i} "
+            f"NodeHostName=node{i} State=IDLE" for i in (0, 1)]
+
+
+def test_job_data_matches_inventory_nodes_to_slurm_names_by_address():
+    hv = {"m": {"ddplab_run_dir": "/home/lab/ddplab/runs/r"}, "w": {"ddplab_run_dir": "/srv/lab/runs/r"}}
+    addrs = {"m": "10.77.7.10", "w": "10.77.7.11"}
+    data = job.slurm_job(["w", "m"], hv, addrs, job.slurm_node_addrs(SCONTROL))
+    assert data["names"] == "node0,node1" and data["count"] == 2
+    assert [(n["host"], n["name"], n["run_dir"]) for n in data["nodes"]] == [
+        ("m", "node0", "/home/lab/ddplab/runs/r"), ("w", "node1", "/srv/lab/runs/r")]
+    with pytest.raises(AnsibleFilterError,
+                       match=r"w \(10.77.7.99\) is not a node of the Slurm cluster.*slurm.yml"):
+        job.slurm_job(["m", "w"], hv, {**addrs, "w": "10.77.7.99"}, job.slurm_node_addrs(SCONTROL))
+
+
+def test_squeue_state_is_the_newest_job_of_the_run_or_none():
+    assert job.slurm_squeue_state(["7|COMPLETED|None|node[0-1]", "12|PENDING|Resources|"]) == \
+        {"job": "12", "state": "PENDING", "reason": "Resources", "nodes": ""}
+    assert job.slurm_squeue_state([])["state"] == "NONE"
+
+
+@pytest.mark.parametrize(("job_state", "want"), [
+    ("PENDING", "queued"), ("RUNNING", "running"), ("COMPLETING", "running"), ("NODE_FAIL", "lost"),
+    ("CANCELLED", "lost"), ("NONE", "lost")])
+def test_a_slurm_rank_without_exit_code_takes_its_state_from_the_job(job_state, want):
+    assert alive_state(None, job_state) == want
+
+
+def test_a_tmux_rank_still_takes_its_state_from_the_pane():
+    assert alive_state({"dead": False, "pid": 1}, "") == "running"
+    assert alive_state({"dead": True, "pid": 1}, "") == "lost"
+
+
+def _sleeper(tmp_path: Path) -> dict:
+    pidfile = tmp_path / "sleep.pid"
+    return {"name": "sleep", "pidfile": str(pidfile), "restart": False,
+            "argv": ["sh", "-c", f"sleep 60 >/dev/null 2>&1 & echo $! > {pidfile}"]}
+
+
+def test_daemons_start_once_then_restart_by_their_own_pid_file(tmp_path):
+    d = _sleeper(tmp_path)
+    try:
+        assert daemons.ensure([d]) == {"started": ["sleep"], "restarted": [], "running": []}
+        first = daemons.pid_of("sleep", d["pidfile"])
+        assert first is not None
+        assert daemons.ensure([d]) == {"started": [], "restarted": [], "running": ["sleep"]}
+        again = daemons.ensure([{**d, "restart": True}])
+        assert again == {"started": [], "restarted": ["sleep"], "running": []}
+        second = daemons.pid_of("sleep", d["pidfile"])
+        assert second not in (None, first)
+        assert daemons.pid_of("sleep", d["pidfile"]) != first  # the old one was ended
+    finally:
+        pid = daemons.pid_of("sleep", d["pidfile"])
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_pid_file_naming_another_program_is_not_the_daemon(tmp_path):
+    pidfile = tmp_path / "x.pid"
+    pidfile.write_text(f"{os.getpid()}\n")  # this pytest process, not a `sleep`
+    assert daemons.pid_of("sleep", str(pidfile)) is None
+
+
+def test_a_daemon_that_does_not_come_up_is_named_with_its_words(tmp_path, capsys):
+    spec = {"daemons": [{"name": "sleep", "pidfile": str(tmp_path / "none.pid"),
+                         "argv": ["sh", "-c", "echo 'fatal: no config' >&2; exit 1"],
+                         "log": "/var/log/x.log"}]}
+    assert daemons.main(["--spec", json.dumps(spec)]) == 1
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert "sleep did not start" in err and "fatal: no config" in err and "/var/log/x.log" in err
+
+
+def test_settings_refuse_elastic_under_slurm_with_one_message():
+    from ddplab.settings import inputs
+    base = {"ddplab_scheduler": "slurm", "ddplab_elastic": True, "ddplab_srun_ports": "60001-60100"}
+    (problem,) = inputs.scheduler(base)
+    assert problem.subject == "ddplab_elastic" and "ddplab_scheduler: none" in problem.fix
+    assert inputs.scheduler({**base, "ddplab_elastic": False}) == []
+    assert inputs.scheduler({**base, "ddplab_scheduler": "none"}) == []
+    (ports,) = inputs.scheduler({**base, "ddplab_elastic": False, "ddplab_srun_ports": "70000-70100"})
+    assert ports.subject == "ddplab_srun_ports"

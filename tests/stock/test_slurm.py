@@ -1,0 +1,111 @@
+"""ddplab_scheduler slurm on a real Slurm 22.05 (issue 32): two bare stock hosts (their own Debian 12 root
+filesystems, login `lab` with a sudo password) made a Slurm cluster by playbooks/slurm.yml, then runs
+submitted with sbatch. docs/slurm.md's commands run as typed, `-i` naming this module's inventory.
+
+One cluster serves the module, in order: slurm.yml from bare hosts (then changed=0, and --check --diff
+changed=0), a 2-node run through sbatch to the end with a rank on each node, two runs submitted back to
+back (the second queues, then runs). Times are printed (`pytest -s`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from simlan import cluster as simlan
+from tests.helpers.playbooks import make_shards, playbook, recap, tail
+from tests.stock.test_stock_ddplab import WHEELHOUSE, _skip_reason
+from tests.test_readme import SLURM_DOCS, readme_commands, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.simlan]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    if not (WHEELHOUSE / "manifest.json").exists():
+        pytest.skip("no wheelhouse: run `make wheelhouse` first")
+    t0 = time.monotonic()
+    c = simlan.up(2, stock=True, force=True, timeout=20)
+    runs = tmp_path_factory.mktemp("slurm-runs")
+    settings = {"ddplab_scheduler": "slurm", "ddplab_data_dir": str(make_shards(tmp_path_factory.getbasetemp()
+                                                                                / "shards")),
+                "ddplab_runs_dir": str(runs), "ddplab_threads": 1, "ddplab_wait_poll": 5,
+                "ddplab_trainer_steps": 5}
+    (c.inventory_dir / "group_vars" / "all" / "ddplab.yml").write_text(yaml.safe_dump(settings))
+    yield {"cluster": c, "inv": c.inventory_dir, "runs": runs, "t0": t0}
+    current = simlan.load()
+    if current is not None and current.stock:
+        simlan.down()
+
+
+def docs_command(cmd: str, inv) -> subprocess.CompletedProcess:
+    assert cmd in readme_commands(), f"{cmd!r} is no longer in docs/slurm.md"
+    return run(cmd.replace("-i inventory/mylab", f"-i {inv}"), timeout=1200)
+
+
+def on_master(c, cmd: str) -> str:
+    return c.exec("node0", ["su", "lab", "-c", cmd], timeout=60, check=True).stdout
+
+
+def test_slurm_cluster_from_bare_hosts_runs_a_two_node_job(lab):
+    c, inv = lab["cluster"], lab["inv"]
+    setup = docs_command(SLURM_DOCS[0], inv)
+    t_setup = time.monotonic() - lab["t0"]
+    assert setup.returncode == 0, tail(setup)
+    sinfo = on_master(c, "sinfo -h -o '%t %N'")
+    assert sinfo.split() == ["idle", "node[0-1]"], sinfo
+    again = playbook("slurm.yml", inventory=inv, timeout=600)
+    checked = playbook("slurm.yml", "--check", "--diff", inventory=inv, timeout=600)
+    for proc in (again, checked):
+        assert proc.returncode == 0, tail(proc)
+        assert {h: r["changed"] for h, r in recap(proc).items()} == {"node0": 0, "node1": 0}, tail(proc)
+    key = (inv / ".slurm" / "munge.key").read_text().strip()
+    assert len(key) == 64 and (inv / ".slurm" / "munge.key").stat().st_mode & 0o077 == 0
+    for proc in (setup, again, checked):
+        assert key not in proc.stdout + proc.stderr  # no_log, no diff
+    t1 = time.monotonic()
+    launched = docs_command(SLURM_DOCS[1], inv)
+    t_run = time.monotonic() - t1
+    assert launched.returncode == 0, tail(launched, 120)
+    print(f"\nslurm: bare stock hosts to a Slurm cluster {t_setup:.0f} s; first launch (prepare + sbatch "
+          f"run, 5 steps) {t_run:.0f} s; bare to trained {time.monotonic() - lab['t0']:.0f} s")
+    run_id = re.search(r"run (\S+) is Slurm job (\d+)", launched.stdout)
+    assert run_id, tail(launched, 120)
+    summary = json.loads((lab["runs"] / run_id[1] / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
+    out = on_master(c, f"cat ~/ddplab/runs/{run_id[1]}/slurm-{run_id[2]}.out")
+    assert "rank 0/2 on node0" in out and "rank 1/2 on node1" in out, out
+    status = docs_command(SLURM_DOCS[2], inv)
+    assert status.returncode == 0 and re.search(r"node1\s+rank 1\s+finished", status.stdout), tail(status)
+
+
+def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
+    c, inv = lab["cluster"], lab["inv"]
+    t0 = time.monotonic()
+    for run_id in ("queue-a", "queue-b"):
+        proc = playbook("launch.yml", inventory=inv,
+                        extra={"ddplab_run_id": run_id, "ddplab_trainer_steps": 30}, timeout=600)
+        assert proc.returncode == 0, tail(proc)
+    assert re.search(r"run queue-b is Slurm job \d+ \(pending, Resources\)", proc.stdout), tail(proc)
+    done = playbook("launch.yml", inventory=inv, extra={"ddplab_run_id": "queue-c", "ddplab_trainer_steps": 1,
+                                                       "ddplab_wait": "true"}, timeout=900)
+    assert done.returncode == 0, tail(done)
+    rows = [ln.split() for ln in on_master(c, "squeue -h --states=all -o '%j %T %S %e'").splitlines()]
+    jobs = {r[0]: r[1:] for r in rows}
+    spans = [f"{n} {s[0]} {s[1][11:]}..{s[2][11:]}" for n, s in sorted(jobs.items())
+             if n.startswith("ddplab-queue")]
+    print(f"\nslurm: three runs submitted back to back, all done in {time.monotonic() - t0:.0f} s: "
+          + "; ".join(spans))
+    a, b, c_ = jobs["ddplab-queue-a"], jobs["ddplab-queue-b"], jobs["ddplab-queue-c"]
+    assert a[0] == b[0] == c_[0] == "COMPLETED", rows
+    assert a[2] <= b[1] and b[2] <= c_[1], rows  # one after the other
+    for run_id in ("queue-a", "queue-b"):
+        st = playbook("status.yml", inventory=inv, extra={"ddplab_run_id": run_id}, timeout=300)
+        assert re.search(r"node0\s+rank 0\s+finished", st.stdout), tail(st)
