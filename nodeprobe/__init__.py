@@ -24,5 +24,5 @@ PROBE_VERSION = 1
 # Shipped alone (see above): prereqs (node_prereqs, first of all), hashing (code_sync hashes the node's copy
 # before copying), torch_candidates (torch_env, before any venv), procs (stale_processes, also from stop.yml),
 # site_probe (torch_env: what the node's Python has installed), relay_access (relay_ssh: the lab key's line in
-# authorized_keys).
-SHIPPED_ALONE = ("prereqs", "hashing", "torch_candidates", "procs", "site_probe", "relay_access")
+# authorized_keys), daemons (slurm: munged, slurmctld and slurmd where the node has no systemd).
+SHIPPED_ALONE = ("prereqs", "hashing", "torch_candidates", "procs", "site_probe", "relay_access", "daemons")
