@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,8 @@ class Store:
     def __init__(self):
         self.port = free_port()
         # the control host's own store (`ddplab rdzv-store serve`), as launch.yml starts it
-        ready = Path(tempfile.mkdtemp(prefix="ddplab-store-")) / "ready"
+        self.folder = Path(tempfile.mkdtemp(prefix="ddplab-store-"))  # removed by stop()
+        ready = self.folder / "ready"
         argv = [sys.executable, "-m", "ddplab", "rdzv-store", "serve", "--bind", "127.0.0.1", "--port",
                 str(self.port), "--allow", "127.0.0.1", "--ready", str(ready)]
         self.proc = subprocess.Popen(argv, cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
@@ -43,6 +45,7 @@ class Store:
     def stop(self):
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class Agent:
