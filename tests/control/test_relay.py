@@ -153,6 +153,20 @@ def test_only_the_marked_line_is_added_replaced_and_removed(tmp_path, monkeypatc
     assert not relay_access.apply({**spec, "state": "absent"})["changed"]
 
 
+def test_a_symlinked_authorized_keys_keeps_its_link(tmp_path, monkeypatch):
+    managed = tmp_path / "managed_keys"
+    managed.write_text("ssh-rsa AAAAuser me@laptop\n")
+    ak = tmp_path / "authorized_keys"
+    ak.symlink_to(managed)
+    monkeypatch.setattr(relay_access, "find_rrsync", lambda: "/usr/bin/rrsync")
+    monkeypatch.setattr(relay_access.shutil, "which", lambda name: f"/usr/bin/{name}")
+    spec = {"state": "present", "root": "/lab", "pubkey": PUB, "authorized_keys": str(ak)}
+    assert relay_access.apply(spec)["changed"]
+    assert ak.is_symlink() and "ddplab-relay:/lab" in managed.read_text()
+    assert relay_access.apply({**spec, "state": "absent"})["changed"]
+    assert ak.is_symlink() and managed.read_text() == "ssh-rsa AAAAuser me@laptop\n"
+
+
 def test_no_rrsync_writes_no_line(tmp_path, monkeypatch):
     monkeypatch.setattr(relay_access, "find_rrsync", lambda: "")
     ak = tmp_path / "authorized_keys"
