@@ -65,7 +65,7 @@ def updated(text: str, root: str, line: str | None) -> str:
 
 
 def write(path: str, text: str) -> None:
-    """Atomically, keeping the file's mode; a symlinked authorized_keys keeps its link (the target changes)."""
+    """Atomically, keeping its mode; a symlinked authorized_keys keeps its link (the target changes)."""
     path = os.path.realpath(path)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     mode = os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o600
