@@ -157,6 +157,17 @@ FIRST = ("tests/resilience/test_elastic_simlan.py", "tests/trainer/test_elastic_
          "tests/resilience/test_simlan_resilience.py")
 
 
+# Importing ansible (a filter plugin under test) replaces sys.intern with its own patch, which a later
+# torch._dynamo import in the same worker refuses ("substitute_in_graph expects a function"): every test
+# ends with the interpreter's own.
+BUILTIN_INTERN = sys.intern
+
+
+def pytest_runtest_teardown(item):
+    if sys.intern is not BUILTIN_INTERN:
+        sys.intern = BUILTIN_INTERN
+
+
 def pytest_collection_modifyitems(items):
     """Longest first: the files in FIRST, the other files of simulated hosts, the other slow ones, then the
     quick rest. Parallel workers (`make test`) take files in this order, so no long file starts last while

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.playbooks import playbook, tail
+from tests.helpers.trainer_runs import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +27,7 @@ def test_code_that_fails_on_cpu_is_refused_before_any_node_changes(tmp_path):
     code = tmp_path / "gpt"
     shutil.copytree(GPTLIKE, code)
     extra = {"ddplab_code_dir": code, "ddplab_entrypoint": "train.py", "ddplab_data_dir": "",
+             "ddplab_master_port": free_port(),  # other tests on this machine use 29500 too
              "ddplab_runs_dir": tmp_path / "runs", "ddplab_smoke_run": "false"}
     proc = playbook("launch.yml", extra=extra, timeout=300, env={"HOME": str(home)})
     assert proc.returncode != 0, tail(proc)
@@ -52,6 +54,7 @@ def test_the_smoke_run_refuses_code_that_crashes_on_cpu_at_its_line(tmp_path):
     code = tmp_path / "gpt"
     shutil.copytree(GPTLIKE, code)
     extra = {"ddplab_code_dir": code, "ddplab_entrypoint": "train.py", "ddplab_data_dir": "",
+             "ddplab_master_port": free_port(),  # other tests on this machine use 29500 too
              "ddplab_runs_dir": tmp_path / "runs", "ddplab_run_id": "smoke-refused"}
     proc = playbook("launch.yml", extra=extra, timeout=600, env={"HOME": str(home)})
     assert proc.returncode != 0, tail(proc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
@@ -43,3 +44,17 @@ def make_shards(out: Path) -> Path:
         subprocess.run([sys.executable, "-m", "trainer.data", "prepare", "--out", str(out), "--docs", "1024"],
                        cwd=REPO, check=True, capture_output=True, timeout=120)
     return out
+
+
+def ensure_wheelhouse() -> Path:
+    """The repository's wheelhouse (what `make wheelhouse` fills: the CPU torch and its dependencies for
+    Python 3.11), filled once; test files in parallel workers that need it wait for one another's fill."""
+    folder = REPO / "wheelhouse"
+    folder.mkdir(exist_ok=True)
+    with open(folder / ".fill.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "manifest.json").exists():
+            argv = [sys.executable, "-m", "ddplab.wheelhouse", "fill", "--dir", str(folder), "--python",
+                    "3.11"]
+            subprocess.run(argv, cwd=REPO, check=True, timeout=900)
+    return folder

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from simlan import cluster as simlan
-from tests.helpers.playbooks import make_shards, playbook, recap, tail
-from tests.stock.test_stock_ddplab import WHEELHOUSE, _skip_reason
+from tests.helpers.playbooks import ensure_wheelhouse, make_shards, playbook, recap, tail
+from tests.stock.test_stock_ddplab import _skip_reason
 from tests.test_readme import SLURM_DOCS, readme_commands, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
@@ -29,8 +29,7 @@ def lab(tmp_path_factory):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    if not (WHEELHOUSE / "manifest.json").exists():
-        pytest.skip("no wheelhouse: run `make wheelhouse` first")
+    ensure_wheelhouse()  # what `make wheelhouse` fills: prepare pushes it to the stock hosts
     t0 = time.monotonic()
     c = simlan.up(2, stock=True, force=True, timeout=20)
     runs = tmp_path_factory.mktemp("slurm-runs")
@@ -66,8 +65,10 @@ def test_slurm_cluster_from_bare_hosts_runs_a_two_node_job(lab):
     for proc in (again, checked):
         assert proc.returncode == 0, tail(proc)
         assert {h: r["changed"] for h, r in recap(proc).items()} == {"node0": 0, "node1": 0}, tail(proc)
-    key = (inv / ".slurm" / "munge.key").read_text().strip()
-    assert len(key) == 64 and (inv / ".slurm" / "munge.key").stat().st_mode & 0o077 == 0
+    key_file = lab["runs"] / ".slurm" / "munge.key"  # beside the runs, never in the inventory folder
+    key = key_file.read_text().strip()
+    assert len(key) == 64 and key_file.stat().st_mode & 0o077 == 0
+    assert not (inv / ".slurm").exists()
     for proc in (setup, again, checked):
         assert key not in proc.stdout + proc.stderr  # no_log, no diff
     t1 = time.monotonic()

@@ -18,7 +18,6 @@ import select
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,11 +27,10 @@ import yaml
 from simlan import cluster as simlan
 from simlan.system import missing_requirements, which
 from tests.helpers.firewall import ephemeral_ports, peer_rules
-from tests.helpers.playbooks import BIN, REPO, make_shards, playbook, recap, tail
+from tests.helpers.playbooks import BIN, REPO, ensure_wheelhouse, make_shards, playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
-WHEELHOUSE = REPO / "wheelhouse"  # ddplab_wheelhouse_dir's default: what `make wheelhouse` fills
 
 
 def _skip_reason() -> str | None:
@@ -51,9 +49,7 @@ def stock(tmp_path_factory):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    if not (WHEELHOUSE / "manifest.json").exists():  # `make wheelhouse` without its `setup` prerequisite
-        subprocess.run([sys.executable, "-m", "ddplab.wheelhouse", "fill", "--dir", str(WHEELHOUSE),
-                        "--python", "3.11"], cwd=REPO, check=True, timeout=900)
+    ensure_wheelhouse()  # `make wheelhouse` without its `setup` prerequisite
     c = simlan.up(2, stock=True, force=True, timeout=20)
     # The user's own firewall on node0: ufw installed, inactive, with a rate-limited SSH rule.
     c.exec("node0", ["sh", "-c", "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
