@@ -67,8 +67,9 @@ def test_slurm_cluster_from_bare_hosts_runs_a_two_node_job(lab):
     for proc in (again, checked):
         assert proc.returncode == 0, tail(proc)
         assert {h: r["changed"] for h, r in recap(proc).items()} == {"node0": 0, "node1": 0}, tail(proc)
-    key = (inv / ".slurm" / "munge.key").read_text().strip()
-    assert len(key) == 64 and (inv / ".slurm" / "munge.key").stat().st_mode & 0o077 == 0
+    key_file = lab["runs"] / ".slurm" / "munge.key"  # slurm_munge_key_file: under ddplab_runs_dir
+    key = key_file.read_text().strip()
+    assert len(key) == 64 and key_file.stat().st_mode & 0o077 == 0
     for proc in (setup, again, checked):
         assert key not in proc.stdout + proc.stderr  # no_log, no diff
     t1 = time.monotonic()
