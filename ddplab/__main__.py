@@ -7,7 +7,8 @@ code-tree (plan a code sync); sync-push (rsync files to a node, with progress); 
 relay, and why); relay (send changed files once, the nodes pass them on);
 interrupt-guard (stop a run when its waiting playbook is interrupted); check-requirements (refuse a
 requirements file that asks for another torch); tune (tokens/s of 1 node x 1 process, 1 node x N
-processes and all nodes).
+processes and all nodes); export sbatch (the run as a self-contained sbatch script for a Slurm
+cluster ddplab does not manage).
 """
 
 import argparse
@@ -35,6 +36,7 @@ VERBS = {
     "check-requirements": "ddplab.check_requirements",
     "rdzv-store": "ddplab.rdzv_store",
     "tune": "ddplab.tune",
+    "export": "ddplab.export_sbatch",
 }
 
 

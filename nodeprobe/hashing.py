@@ -290,19 +290,43 @@ def shard_set(data_dir) -> dict:
     return out
 
 
-USAGE = "usage: hashing.py tree-lines DIR | hashing.py unplaced DIR REL..."
+USAGE = ("usage: hashing.py tree-lines DIR | hashing.py unplaced DIR REL... | "
+         "hashing.py verify-shards DIR MANIFEST")
+
+
+def shards_verdict(data_dir, manifest_path) -> tuple[bool, str]:
+    """(ok, one line) of ``data_dir`` against the manifest file: every shard read (no stat cache)."""
+    manifest, err = load_manifest(manifest_path)
+    if manifest is None:
+        return False, err
+    res = {name: sha256_file(Path(data_dir) / name, use_cache=False) for name in manifest_files(manifest)
+           if (Path(data_dir) / name).is_file()}
+    diff = compare(res, manifest_files(manifest))
+    diff["extra"] = sorted(p.name for p in Path(data_dir).glob("*.parquet") if p.name not in res
+                           and p.name not in diff["missing"]) if Path(data_dir).is_dir() else []
+    if not any(diff.values()):
+        return True, f"{len(res)} shards in {data_dir} match the manifest (digest {set_digest(res)[:16]})"
+    parts = [f"{kind} {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+             for kind, names in diff.items() if names]
+    return False, f"{data_dir} does not hold the manifest's shards: " + "; ".join(parts)
 
 
 def main(argv=None) -> int:
     """On a node: ``tree-lines DIR`` prints the sum lines of the files ddplab placed in DIR (nothing when
     DIR or its record does not exist); ``unplaced DIR REL...`` prints each REL that exists in DIR but
-    was not placed by ddplab (what a sync would overwrite)."""
+    was not placed by ddplab (what a sync would overwrite); ``verify-shards DIR MANIFEST`` hashes every shard
+    the manifest file names in DIR and prints one line (exit 1 when a shard is missing, changed or extra):
+    the data check of an exported sbatch job (ddplab/export_sbatch.py)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "tree-lines":
         if os.path.isdir(argv[1]):
             for line in tree_lines(argv[1], tree_files(argv[1], placed_only=True)):
                 print(line)
         return 0
+    if len(argv) == 3 and argv[0] == "verify-shards":
+        ok, line = shards_verdict(argv[1], argv[2])
+        print(line)
+        return 0 if ok else 1
     if len(argv) >= 2 and argv[0] == "unplaced":
         for rel in unplaced(argv[1], argv[2:]):
             print(rel)

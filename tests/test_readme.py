@@ -26,6 +26,11 @@ SLURM_DOCS = [
     "ansible-playbook -i inventory/mylab playbooks/slurm.yml",
     "ansible-playbook -i inventory/mylab playbooks/launch.yml -e ddplab_wait=true",
     "ansible-playbook -i inventory/mylab playbooks/status.yml",
+    # export sbatch: `/shared/ddplab` is replaced by the nodes' lab folder; the last two run on the master
+    ("python -m ddplab export sbatch -i inventory/mylab --root /shared/ddplab "
+     "--python /shared/ddplab/venv/bin/python -o job.sbatch"),
+    "bash job.sbatch check-only",
+    "sbatch job.sbatch",
 ]
 EXEMPT.update(dict.fromkeys(SLURM_DOCS, "tests/stock/test_slurm.py"))
 # Commands of the local blocks, in the order a reader runs them (data first: launch needs shards).

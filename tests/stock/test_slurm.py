@@ -4,7 +4,8 @@ submitted with sbatch. docs/slurm.md's commands run as typed, `-i` naming this m
 
 One cluster serves the module, in order: slurm.yml from bare hosts (then changed=0, and --check --diff
 changed=0), a 2-node run through sbatch to the end with a rank on each node, two runs submitted back to
-back (the second queues, then runs). Times are printed (`pytest -s`)."""
+back (the second queues, then runs), the script `python -m ddplab export sbatch` writes, submitted with
+sbatch. Times are printed (`pytest -s`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from simlan import cluster as simlan
-from tests.helpers.playbooks import ensure_wheelhouse, make_shards, playbook, recap, tail
+from tests.helpers.playbooks import REPO, ensure_wheelhouse, make_shards, playbook, recap, tail
 from tests.stock.test_stock_ddplab import _skip_reason
 from tests.test_readme import SLURM_DOCS, readme_commands, run
 
@@ -58,8 +59,10 @@ def test_slurm_cluster_from_bare_hosts_runs_a_two_node_job(lab):
     setup = docs_command(SLURM_DOCS[0], inv)
     t_setup = time.monotonic() - lab["t0"]
     assert setup.returncode == 0, tail(setup)
-    sinfo = on_master(c, "sinfo -h -o '%t %N'")
-    assert sinfo.split() == ["idle", "node[0-1]"], sinfo
+    deadline = time.monotonic() + 60  # a slurmd registers with the controller a few seconds after it starts
+    while (sinfo := on_master(c, "sinfo -h -o '%t %N'")).split() != ["idle", "node[0-1]"]:
+        assert time.monotonic() < deadline, sinfo
+        time.sleep(2)
     again = playbook("slurm.yml", inventory=inv, timeout=600)
     checked = playbook("slurm.yml", "--check", "--diff", inventory=inv, timeout=600)
     for proc in (again, checked):
@@ -110,3 +113,41 @@ def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
     for run_id in ("queue-a", "queue-b"):
         st = playbook("status.yml", inventory=inv, extra={"ddplab_run_id": run_id}, timeout=300)
         assert re.search(r"node0\s+rank 0\s+finished", st.stdout), tail(st)
+
+
+def test_exported_sbatch_script_trains_on_both_nodes(lab):
+    """docs/slurm.md's export commands as typed: the script written on the control host, checked and
+    submitted on the master (the nodes' lab folder stands for the cluster's shared file system: ddplab's
+    launch put the same code, shards and venv on both)."""
+    c, inv = lab["cluster"], lab["inv"]
+    export, check, submit = SLURM_DOCS[3:6]
+    assert {export, check, submit} <= set(readme_commands()), "the export commands left docs/slurm.md"
+    root = on_master(c, "echo $HOME").strip() + "/ddplab"
+    script = REPO / "job.sbatch"
+    assert not script.exists(), f"{script} exists: the docs command would refuse to overwrite it"
+    t0 = time.monotonic()
+    try:
+        made = run(export.replace("-i inventory/mylab", f"-i {inv}").replace("/shared/ddplab", root), 300)
+        assert made.returncode == 0, tail(made)
+        text = script.read_text()
+    finally:
+        script.unlink(missing_ok=True)
+    c.exec("node0", ["su", "lab", "-c", "cat > ~/job.sbatch"], input=text, check=True)
+    checked = c.exec("node0", ["su", "lab", "-c", f"cd ~ && {check}"], timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "ddplab: data:" in checked.stdout and "match the manifest" in checked.stdout, checked.stdout
+    job = re.search(r"Submitted batch job (\d+)", on_master(c, f"cd ~ && {submit}"))
+    assert job, "sbatch printed no job id"
+    deadline = time.monotonic() + 900
+    state = ""
+    while time.monotonic() < deadline:
+        state = re.search(r"JobState=(\S+)", on_master(c, f"scontrol show job --oneliner {job[1]}"))[1]
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            break
+        time.sleep(3)
+    out = on_master(c, f"cat ~/slurm-{job[1]}.out")
+    print(f"\nslurm: exported script, export + check + sbatch run (5 steps) {time.monotonic() - t0:.0f} s")
+    assert state == "COMPLETED", out[-3000:]
+    assert re.search(r"ddplab: run \S+ rank 0/2 on node0 master \S+ iface \S+", out), out[-3000:]
+    assert re.search(r"ddplab: run \S+ rank 1/2 on node1 master \S+ iface \S+", out), out[-3000:]
+    assert "ddplab: done" in out, out[-3000:]
