@@ -1,4 +1,6 @@
 """Live view of every node's tmux pane for a run, over the OpenSSH client (as Ansible connects).
+With ddplab_scheduler: slurm the ranks run in the job's srun step, not in tmux: follow reads each node's
+`launch.log` instead (the same lines the pane would show), and a rank is done once its exit code is there.
 
 `python -m ddplab follow -i inventory/simlan` reads the same inventory as the playbooks and runs `ssh` to
 each node (hosts with ansible_connection=local are read directly), printing each new pane line prefixed
@@ -111,6 +113,20 @@ def pane_state(conn, run_id):
     return first.strip() == "1", lines
 
 
+def log_state(conn, run_id):
+    """(done, lines) of a Slurm run's launch.log; done is None when the node has no folder for the run."""
+    run_dir = f"{_remote_path(conn.node.root.rstrip('/'))}/runs/{shlex.quote(run_id)}"
+    rc, out = conn.run(f"test -d {run_dir} || exit 3; test -e {run_dir}/exit_code && echo 1 || echo 0; "
+                       f"cat {run_dir}/launch.log 2>/dev/null; true")
+    if rc != 0:
+        return None, []
+    first, _, rest = out.partition("\n")
+    lines = rest.split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return first.strip() == "1", lines
+
+
 def last_run(conn):
     rc, out = conn.run(f"cat {_remote_path(conn.node.root.rstrip('/'))}/last_run")
     return out.strip() if rc == 0 and out.strip() else None
@@ -138,14 +154,15 @@ def follow(inventory, run_id=None, interval=2.0, once=False, out=sys.stdout, max
         while True:
             states = []
             for c in conns:
-                dead, lines = pane_state(c, run_id)
+                dead, lines = (log_state if c.node.scheduler == "slurm" else pane_state)(c, run_id)
                 states.append(dead)
                 for line in lines[printed[c.node.name]:]:
                     print(f"{c.node.name:<{width}} | {line}", file=out)
                 printed[c.node.name] = max(printed[c.node.name], len(lines))
             out.flush()
             if all(s is None for s in states):
-                raise DdplabError(f"run {run_id} has no tmux session on any node; see playbooks/status.yml")
+                where = "folder" if conns[0].node.scheduler == "slurm" else "tmux session"
+                raise DdplabError(f"run {run_id} has no {where} on any node; see playbooks/status.yml")
             if once or all(s in (True, None) for s in states):
                 return 0
             if max_seconds is not None and time.monotonic() - start > max_seconds:

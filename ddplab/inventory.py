@@ -22,6 +22,7 @@ class Node:
     key_file: str | None
     root: str
     ssh_args: str = ""  # ansible_ssh_common_args and ansible_ssh_extra_args, as ssh options
+    scheduler: str = "none"  # ddplab_scheduler: none (ranks in tmux) or slurm
 
 
 def _ansible_inventory():
@@ -75,5 +76,6 @@ def load_nodes(inventory):
             key_file=hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file"),
             root=hv.get("ddplab_root", "~/ddplab"),
             ssh_args=" ".join(str(hv.get(k) or "") for k in ("ansible_ssh_common_args",
-                                                              "ansible_ssh_extra_args")).strip()))
+                                                              "ansible_ssh_extra_args")).strip(),
+            scheduler=hv.get("ddplab_scheduler", "none")))
     return sorted(nodes, key=lambda n: n.rank)
