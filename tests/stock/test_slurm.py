@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -88,6 +89,12 @@ def test_slurm_cluster_from_bare_hosts_runs_a_two_node_job(lab):
     assert "rank 0/2 on node0" in out and "rank 1/2 on node1" in out, out
     status = docs_command(SLURM_DOCS[2], inv)
     assert status.returncode == 0 and re.search(r"node1\s+rank 1\s+finished", status.stdout), tail(status)
+    # follow reads a Slurm run's launch.log on each node (it has no tmux pane)
+    followed = subprocess.run([sys.executable, "-m", "ddplab", "follow", "-i", str(inv), "--once"], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert re.search(r"^node0\s+\| .*ddplab: done", followed.stdout, re.M), followed.stdout
+    assert re.search(r"^node1\s+\| ", followed.stdout, re.M), followed.stdout
 
 
 def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
