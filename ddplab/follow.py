@@ -97,6 +97,15 @@ class Conn:
                            stdin=subprocess.DEVNULL)
 
 
+def _flag_and_lines(out):
+    """A probe's answer: its first line says "1" or not; the rest, trailing blanks off, are shown."""
+    first, _, rest = out.partition("\n")
+    lines = rest.split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return first.strip() == "1", lines
+
+
 def pane_state(conn, run_id):
     """(dead, lines) of the run's pane; dead is None when the session does not exist."""
     root = _remote_path(conn.node.root.rstrip("/"))
@@ -106,11 +115,7 @@ def pane_state(conn, run_id):
                        f"tmux -S {sock} capture-pane -p -J -S - -E - -t {target}")
     if rc != 0:
         return None, []
-    first, _, rest = out.partition("\n")
-    lines = rest.split("\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return first.strip() == "1", lines
+    return _flag_and_lines(out)
 
 
 def log_state(conn, run_id):
@@ -120,11 +125,7 @@ def log_state(conn, run_id):
                        f"cat {run_dir}/launch.log 2>/dev/null; true")
     if rc != 0:
         return None, []
-    first, _, rest = out.partition("\n")
-    lines = rest.split("\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return first.strip() == "1", lines
+    return _flag_and_lines(out)
 
 
 def last_run(conn):
