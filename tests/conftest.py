@@ -61,6 +61,15 @@ def simlan_skip_reason() -> str | None:
     return f"simlan: {problem}" if problem else None
 
 
+def _require_clean_inventory(inv: Path) -> None:
+    """The lab's inventory folder outlives clusters: a settings file a module left there (a
+    group_vars/all/ddplab.yml with ddplab_scheduler: slurm, once) would change every later test."""
+    own = {inv / "group_vars" / "all" / "simlan.yml"}
+    extra = sorted(str(p.relative_to(inv)) for d in ("group_vars", "host_vars") for p in (inv / d).rglob("*")
+                   if p.is_file() and p not in own)
+    assert not extra, f"{inv} holds settings a test left behind (remove them in its fixture): {extra}"
+
+
 class SimlanFactory:
     """Brings simulated clusters up on demand; see the module docstring."""
 
@@ -83,6 +92,7 @@ class SimlanFactory:
             self.cluster = current
         else:
             self.cluster = simlan.up(nodes, rate=rate, cpus=cpus, force=True)
+        _require_clean_inventory(self.cluster.inventory_dir)
         return self.cluster
 
     def discard(self) -> None:

@@ -39,8 +39,12 @@ def lab(tmp_path_factory):
                                                                                 / "shards")),
                 "ddplab_runs_dir": str(runs), "ddplab_threads": 1, "ddplab_wait_poll": 5,
                 "ddplab_trainer_steps": 5}
-    (c.inventory_dir / "group_vars" / "all" / "ddplab.yml").write_text(yaml.safe_dump(settings))
-    yield {"cluster": c, "inv": c.inventory_dir, "runs": runs, "t0": t0}
+    settings_file = c.inventory_dir / "group_vars" / "all" / "ddplab.yml"
+    settings_file.write_text(yaml.safe_dump(settings))
+    try:
+        yield {"cluster": c, "inv": c.inventory_dir, "runs": runs, "t0": t0}
+    finally:  # the inventory folder outlives this module: a later cluster on it must not run through Slurm
+        settings_file.unlink(missing_ok=True)
     current = simlan.load()
     if current is not None and current.stock:
         simlan.down()
