@@ -24,7 +24,9 @@ from tests.helpers.playbooks import BIN, REPO, make_shards
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 RUN = "elastic-sim"
-STEPS = 6000
+# Run alone on the 2-core machine the last group re-formed from step 1300 (its checkpoint); in a busy suite
+# fewer steps pass during the kills (they wait on timeouts). Steps after that only burn CPU.
+STEPS = 2500
 
 
 def node_file(cluster, host: str, path: str) -> str:
@@ -86,8 +88,10 @@ def test_the_run_survives_a_worker_and_then_the_master(simlan_cluster, tmp_path)
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    history = membership(cluster, "node2")
+    print(f"\n[elastic] groups (nodes, resumed_step): {[(g['nodes'], g['resumed_step']) for g in history]}")
     assert proc.returncode == 0, out[-6000:]
-    groups = [g["nodes"] for g in membership(cluster, "node2")]
+    groups = [g["nodes"] for g in history]
     assert groups == [["node0", "node1", "node2"], ["node0", "node2"], ["node0", "node1", "node2"],
                       ["node1", "node2"]], groups
     resumed = [g["resumed_step"] for g in membership(cluster, "node2")]
