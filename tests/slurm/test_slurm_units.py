@@ -100,6 +100,8 @@ def test_squeue_state_is_the_newest_job_of_the_run_or_none():
     assert job.slurm_squeue_state(["7|COMPLETED|None|node[0-1]", "12|PENDING|Resources|"]) == \
         {"job": "12", "state": "PENDING", "reason": "Resources", "nodes": ""}
     assert job.slurm_squeue_state([])["state"] == "NONE"
+    # a job slurmctld has not looked at yet: Slurm's reason "None" is no reason to show
+    assert job.slurm_squeue_state(["13|PENDING|None|"])["reason"] == ""
 
 
 @pytest.mark.parametrize(("job_state", "want"), [

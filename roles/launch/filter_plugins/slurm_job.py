@@ -46,7 +46,9 @@ def slurm_squeue_state(lines: list[str]) -> dict:
     for line in lines:
         parts = line.strip().split("|")
         if len(parts) == 4 and parts[0].isdigit():
-            jobs.append({"job": parts[0], "state": parts[1], "reason": parts[2], "nodes": parts[3]})
+            # reason None: slurmctld has not looked at the job yet (it does on its next scheduling pass)
+            reason = "" if parts[2] == "None" else parts[2]
+            jobs.append({"job": parts[0], "state": parts[1], "reason": reason, "nodes": parts[3]})
     if not jobs:
         return {"job": "", "state": "NONE", "reason": "", "nodes": ""}
     return max(jobs, key=lambda j: int(j["job"]))
