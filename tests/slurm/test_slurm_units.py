@@ -7,7 +7,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -164,3 +167,35 @@ def test_settings_refuse_elastic_under_slurm_with_one_message():
     assert inputs.scheduler({**base, "ddplab_scheduler": "none"}) == []
     (ports,) = inputs.scheduler({**base, "ddplab_elastic": False, "ddplab_srun_ports": "70000-70100"})
     assert ports.subject == "ddplab_srun_ports"
+
+
+# The munge key task's content, rendered by Ansible's templar in a child process (importing ansible here
+# patches sys.intern for the rest of this pytest process, tests/slurm/test_export_sbatch.py).
+RENDER_MUNGE_KEY = """
+import json, sys, yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import init_plugin_loader
+from ansible.template import Templar, trust_as_template
+init_plugin_loader()
+tasks = yaml.safe_load(open(sys.argv[1] + "/roles/slurm/tasks/main.yml"))
+task = next(t for t in tasks if t["name"].startswith("Give every node the lab's munge key"))
+templar = Templar(loader=DataLoader(), variables=json.loads(sys.argv[2]))
+print(templar.template(trust_as_template(task["ansible.builtin.copy"]["content"])))
+"""
+
+
+def munge_key_content(key_file: Path, check_mode: bool) -> str:
+    variables = {"slurm_munge_key_file": str(key_file), "ansible_check_mode": check_mode}
+    return subprocess.run([sys.executable, "-c", RENDER_MUNGE_KEY, str(REPO), json.dumps(variables)],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+
+def test_check_mode_makes_no_munge_key_and_a_real_run_makes_it_once(tmp_path):
+    key_file = tmp_path / ".slurm" / "munge.key"
+    stand_in = munge_key_content(key_file, check_mode=True)
+    assert not key_file.exists() and not key_file.parent.exists()  # --check wrote nothing
+    key = munge_key_content(key_file, check_mode=False)
+    assert re.fullmatch(r"[A-Za-z0-9]{64}", key) and key != stand_in
+    assert key_file.read_text().strip() == key and key_file.stat().st_mode & 0o077 == 0
+    # once made, --check and later runs read the same key
+    assert munge_key_content(key_file, check_mode=True) == key == munge_key_content(key_file, False)
