@@ -7,6 +7,7 @@ with the venv's tools first on PATH.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -89,6 +90,8 @@ def test_local_readme_commands_run_as_typed():
         if "launch.yml" in cmd or cmd == "make demo":
             assert "failed=0" in proc.stdout and "byte_equivalent: True" in (proc.stdout + run(
                 "cat runs/$(cat ~/ddplab/local0/last_run)/report.md", 30).stdout)
+        if cmd == "make demo":
+            observe_the_last_local_run()
         if cmd == "make tune":  # every layout trained and was timed; the table, the advice and the plot
             for layout in ("1x1 | 1 x 1", "1x2 | 1 x 2", "all | 2 x 1"):
                 row = next(ln for ln in proc.stdout.splitlines() if ln.startswith(f"| {layout} |"))
@@ -97,3 +100,33 @@ def test_local_readme_commands_run_as_typed():
             out = Path(re.search(r"wrote (\S+)/tune\.md", proc.stdout).group(1))
             assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
             shutil.rmtree(out)
+
+
+def observe_the_last_local_run() -> None:
+    """What a reader sees of `make demo`'s run: its files collected from both ranks' lab folders, status.yml
+    finding the last run without its id, stop.yml closing its tmux session on each rank, the run still
+    `finished` after it."""
+    lab = Path.home() / "ddplab"
+    run_id = (lab / "local0" / "last_run").read_text().strip()
+    folder = REPO / "runs" / run_id
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["byte_equivalent"] is True
+    assert summary["exit_codes"] == {"local0/rank0": 0, "local1/rank1": 0}
+    steps = summary["steps"]
+    for host in ("local0", "local1"):  # each inventory host has its own lab folder and tmux socket
+        assert (folder / host / "pane.txt").read_text().count(f"ddplab: run {run_id}") == 1
+        assert "exited with code 0" in (folder / host / "launch.log").read_text()
+        assert (lab / host / "runs" / run_id / "exit_code").read_text().strip() == "0"
+    assert "ddplab: done" in (folder / "local0" / "launch.log").read_text()
+    finished = re.compile(rf"local\d\s+rank \d+\s+finished\s+step {steps}\b")
+    for playbook in ("status.yml", "stop.yml", "status.yml"):  # a finished run stays finished after a stop
+        proc = run(f"ansible-playbook -i inventory/local playbooks/{playbook}", 120)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        if playbook == "status.yml":
+            shown = finished.findall(proc.stdout)
+            assert f"run {run_id}" in proc.stdout and len(shown) == 2, proc.stdout[-3000:]
+        else:
+            for host in ("local0", "local1"):
+                alive = subprocess.run(["tmux", "-S", str(lab / host / "tmux.sock"), "has-session", "-t",
+                                        f"={run_id}"], capture_output=True, timeout=30)
+                assert alive.returncode != 0, f"{host}'s tmux session of {run_id} outlived stop.yml"
