@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     ga.add_argument("--sync-dir", action="append", metavar="NAME=PATH",
                     help="a ddplab_sync_dirs folder to hash (fingerprint; repeatable)")
     ga.add_argument("--world", type=_positive(int), default=2, help="ranks in the run")
+    ga.add_argument("--slurm", action="store_true",
+                    help="ddplab_scheduler slurm: also probe munge, the daemons and this node in sinfo")
     ga.add_argument("--fingerprint-timeout", type=_positive(float), default=150.0,
                     help="seconds to wait for the warm child's fingerprint (torch import, hashing)")
     ga.add_argument("--trainer-args", default="[]",

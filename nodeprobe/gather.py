@@ -13,7 +13,7 @@ opens an ephemeral background listener for its peers. A probe that breaks become
 
 Prints ``{"probe": "gather", "host": ..., "warm": {"dir": ..., "pid": ...}, "results":
 {"port_holder": ..., "listen_master": ..., "listen": ..., "resolve": ..., "iface": ...,
-"lab_processes": ..., "firewall": ..., "fingerprint": ...}}``.
+"lab_processes": ..., "firewall": ..., "fingerprint": ..., "slurm": ... (with --slurm)}}``.
 """
 
 from __future__ import annotations
@@ -129,6 +129,10 @@ def run(args) -> dict:
     results["route"] = _safe(lambda: route.route(args.master))
     results["lab_processes"] = _safe(lambda: procs.lab_processes(args.root, shared=args.shared))
     results["firewall"] = _safe(net.firewall)
+    if args.slurm:
+        from nodeprobe import slurm_node
+
+        results["slurm"] = _safe(slurm_node.probe)
     results["fingerprint"] = wait_fingerprint(folder, args.fingerprint_timeout)
     try:
         pid = json.loads((folder / "pid").read_text())["pid"]

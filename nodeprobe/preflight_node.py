@@ -58,6 +58,8 @@ def gather_argv(spec: dict) -> list[str]:
             "--trainer-args", json.dumps([str(a) for a in spec.get("trainer_args") or []])]
     if flag(spec.get("local")):
         argv.append("--shared")
+    if spec.get("scheduler") == "slurm":
+        argv.append("--slurm")
     if is_master(spec):
         # the workers of this play and those left out by --limit (preflight-outside) knock on it
         peers = [h for h in spec.get("up") or [] if h != spec["host"]] + list(spec.get("left_out") or [])

@@ -88,6 +88,8 @@ def host_probes(spec: dict, results: dict, host: str, smoke_skipped) -> dict[str
         if data and data.get("probe") == "gather" and isinstance(data.get("results"), dict):
             found = data["results"]
             out.update({n: found[n] for n in FROM_GATHER if isinstance(found.get(n), dict)})
+            if isinstance(found.get("slurm"), dict):  # ddplab_scheduler slurm only
+                out["slurm"] = found["slurm"]
         else:
             err = (data or {}).get("error") or failure(g)
             names = FROM_GATHER if (isinstance(spec, dict) and spec.get("master")) else FROM_GATHER[:-1]

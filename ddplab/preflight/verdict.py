@@ -23,7 +23,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ddplab.errors import DdplabError
-from ddplab.preflight import checks_files, checks_inventory, checks_network, checks_node, collect
+from ddplab.preflight import (
+    checks_files,
+    checks_inventory,
+    checks_network,
+    checks_node,
+    checks_slurm,
+    collect,
+)
 from ddplab.preflight.collect import InputError
 from ddplab.preflight.judge import CHECKS, FAIL, NA, SKIP, Judge, fold_unprepared
 from nodeprobe import hashing
@@ -36,7 +43,7 @@ SMOKE_NEEDS = ("inventory", "ssh", "torch", "gloo", "iface", "hostname", "tcp_ma
 HOST_CHECKS = (checks_node.python, checks_node.torch, checks_node.dtype, checks_node.threads,
                checks_node.memory, checks_node.disk, checks_files.code, checks_files.data,
                checks_files.sync_dirs, checks_network.iface,
-               checks_network.hostname, checks_network.master_port, checks_network.stale)
+               checks_network.hostname, checks_network.master_port, checks_network.stale, checks_slurm.slurm)
 
 
 def judge(j: Judge) -> dict:
