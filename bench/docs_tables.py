@@ -6,7 +6,7 @@ A table lives in a docs page between two markers naming its source:
     | ... |
     <!-- /table -->
 
-    .venv/bin/python bench/docs_tables.py          # rewrite every marked table from its report.json
+    .venv/bin/python bench/docs_tables.py          # rewrite every marked table from its report.json files
     .venv/bin/python bench/docs_tables.py --check  # exit 1 naming each table that differs
 
 tests/bench/test_docs_tables.py runs the check, so a table in the docs is always its report's.
@@ -22,17 +22,72 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-BLOCK = re.compile(r"(<!-- table: (?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from scaling_lab import LOCAL, comm_flags  # noqa: E402  (the low-communication mode's run labels)
+
+from trainer.config import TrainConfig  # noqa: E402  (DiLoCo's outer step: the trainer's defaults)
+
+BLOCK = re.compile(r"(<!-- table: (?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+OPENING = "<!-- table:"
 
 
 def spread(x: dict, fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(x['median'])} [{fmt.format(x['min'])}-{fmt.format(x['max'])}]"
 
 
+def percent(v: float) -> str:
+    return f"{(v - 1) * 100:+.1f} %"
+
+
 def relative(x: dict) -> str:
-    def p(v: float) -> str:
-        return f"{(v - 1) * 100:+.1f} %"
-    return p(x["median"]) if x["n"] == 1 else f"{p(x['median'])} [{p(x['min'])} to {p(x['max'])}]"
+    if x["n"] == 1:
+        return percent(x["median"])
+    return f"{percent(x['median'])} [{percent(x['min'])} to {percent(x['max'])}]"
+
+
+def loss_change(x: dict) -> str:
+    """A validation-loss ratio; its range only where the rounds differ (a seeded run's loss is the same)."""
+    return percent(x["median"]) if x["min"] == x["max"] else relative(x)
+
+
+def times(x: dict) -> str:
+    return f"{x['median']:.2f}x [{x['min']:.2f}-{x['max']:.2f}]"
+
+
+def of_rounds(row: dict, key: str) -> dict:
+    """A scaling-lab run's figure over its rounds (bench/scaling_report.py: key, key_min, key_max)."""
+    return {"median": row[key], "min": row[f"{key}_min"], "max": row[f"{key}_max"]}
+
+
+def speedup(row: dict) -> str:
+    """A scaling-lab run's tokens/s against 1 node: median [min-max] of its rounds, or of its one round."""
+    return f"{row['speedup']:.2f}x" if row["rounds"] == 1 else times(of_rounds(row, "speedup"))
+
+
+def sync_label(comm: str) -> str:
+    """local<H>[-bf16][-avg][-ovl] (bench/scaling_lab.py's run label) in words."""
+    m = LOCAL.fullmatch(comm)
+    h, bf16, avg, ovl = int(m[1]), bool(m[2]), bool(m[3]), bool(m[4])
+    outer = "averaging" if avg else f"DiLoCo {TrainConfig.outer_lr:g}/{TrainConfig.outer_momentum:g}"
+    return f"every {h} steps, {outer}, {'bf16' if bf16 else 'fp32'}" + (", overlapped" if ovl else "")
+
+
+def sync_order(row: dict) -> tuple:
+    """By H, then plain averaging before DiLoCo, 16-bit syncs before fp32."""
+    m = LOCAL.fullmatch(row["comm"])
+    return int(m[1]), not m[3], not m[2]
+
+
+def run_flags(comm: str) -> str:
+    """The trainer flags of a scaling-lab run label (bench/scaling_lab.py), the defaults left out."""
+    flags = [f for f in comm_flags(comm) if f != "--allow-local-sgd"]
+    return " ".join(flags[2:] if flags[:2] == ["--comm", "fp32"] else flags)
+
+
+def local_rows(size: dict) -> list[dict]:
+    return sorted((r for r in size["rows"] if LOCAL.fullmatch(r["comm"])), key=sync_order)
 
 
 def lowcomm(rep: dict) -> list[str]:
@@ -83,14 +138,124 @@ def distribution(rep: dict) -> list[str]:
     return rows
 
 
-TABLES = {"distribution": (RESULTS / "distribution" / "report.json", distribution),
-          "lowcomm": (RESULTS / "lowcomm" / "report.json", lowcomm),
-          "relaunch": (RESULTS / "relaunch" / "report.json", relaunch)}
+SYNC_HEADER = ["| sync | tokens/s vs 1 node [min-max] | validation loss vs per-step fp32, equal tokens |",
+               "|---|---|---|"]
+
+
+def local_sgd_long(long: dict, lab: dict) -> list[str]:
+    """bench/scaling_lab.py's large-b1-long (96 steps, syncs every H steps) against 1 node; the per-step fp32
+    row's speed is the 16-step large-b1-local lab's (scaling_lab/), its loss is the reference."""
+    size = long["sizes"]["large-b1-long"]
+    rows = [f"| {sync_label(r['comm'])} | {speedup(r)} | {loss_change(size['val_vs_fp32'][r['label']])} |"
+            for r in local_rows(size)]
+    per_step = next(r for r in lab["sizes"]["large-b1-local"]["rows"] if r["label"] == "2x1-fp32")
+    rows.append(f"| every step, fp32 (`--sync-every 1`) | {per_step['speedup']:.2f}x "
+                f"({per_step['steps']:.0f}-step lab below) | reference |")
+    return SYNC_HEADER + rows
+
+
+def sync_overlap(overlap: dict, screen: dict) -> list[str]:
+    """Overlapped syncs (large-b1-long, -ovl runs): the repeated rounds, then the screening round's others."""
+    size, screened = overlap["sizes"]["large-b1-long"], screen["sizes"]["large-b1-long"]
+    shown = {r["label"] for r in size["rows"]}
+    rows = []
+    for rep in (size, screened):
+        for r in local_rows(rep):
+            if rep is screened and r["label"] in shown:
+                continue
+            once = " (1 round)" if r["rounds"] == 1 else ""
+            rows.append(f"| {sync_label(r['comm'])}{once} | {speedup(r)} | "
+                        f"{loss_change(rep['val_vs_fp32'][r['label']])} |")
+    return SYNC_HEADER + rows
+
+
+# The runs each row of the 1 Gbit/s summary shows (a choice, not a measurement): the model's (report, size);
+# the other ways of synchronizing beside per-step fp32, as (report, size, run); the runs whose validation
+# loss it names by their --comm (None: the other ways', unnamed).
+GBIT_ROWS = [
+    (("lab", "small"), [("lab", "small", "2x1-auto")], ["2x1-bf16", "2x1-powersgd"]),
+    (("lab", "large"), [("lab", "large", "2x1-auto")], None),
+    (("lab", "large-b1-local"), [("lab", "large-b1-local", "2x1-local16")], None),
+    (("long", "large-b1-long"), [("long", "large-b1-long", "2x1-local16-avg"),
+                                 ("long", "large-b1-long", "2x1-local4-bf16-avg"),
+                                 ("overlap", "large-b1-long", "2x1-local2-avg-ovl")], None),
+]
+COMM_NAMES = {"powersgd": "PowerSGD"}
+
+
+def run_of(size: dict, label: str) -> dict:
+    return next(r for r in size["rows"] if r["label"] == label)
+
+
+def model_cell(name: str, size: dict) -> str:
+    """Parameters and tokens per rank and step; the step count of a -long size (its runs are longer)."""
+    tokens = size["model"]["batch_size"] * size["model"]["seq_len"]
+    steps = f", {run_of(size, '1x1')['steps']:.0f} steps" if name.endswith("-long") else ""
+    return f"{size['params'] / 1e6:.3g}M params, {tokens:,}{steps}"
+
+
+def fp32_cell(fp32: dict | None) -> str:
+    """2-node per-step fp32 efficiency, and its speed against 1 node where 2 nodes were slower."""
+    if fp32 is None:
+        return "(as above)"
+    slower = f" ({fp32['speedup']:.2f}x one node)" if fp32["speedup"] < 1 else ""
+    return spread(of_rounds(fp32, "efficiency"), "{:.2f}") + slower
+
+
+def other_way(size: dict, run: dict) -> str:
+    """Another way of synchronizing against 1 node (its efficiency); --comm auto's against fp32 as well."""
+    if run["comm"] != "auto":
+        return f"`{run_flags(run['comm'])}`: {speedup(run)} ({run['efficiency']:.2f})"
+    return (f"`--comm auto` chose {size['auto_choice']}: {speedup(run)} ({run['efficiency']:.2f}), "
+            f"{times(size['auto_vs_fp32_spread'])} fp32 (headroom {size['comm_headroom']:.2f}x)")
+
+
+def scaling_1gbit(lab: dict, long: dict, overlap: dict) -> list[str]:
+    """The 1 Gbit/s labs in one table: per-step fp32 on 2 nodes, the other ways of synchronizing and what they
+    cost in validation loss at equal tokens (the 96-step row: scaling_lab_long/ and scaling_lab_overlap/)."""
+    reps = {"lab": lab, "long": long, "overlap": overlap}
+    out = ["| model, tokens per rank and step | 2-node efficiency, fp32 "
+           "| best other way vs 1 node (efficiency) | val loss vs fp32 | fp32 all-reduce, % of link limit |",
+           "|---|---|---|---|---|"]
+    for (rep, name), picks, named in GBIT_ROWS:
+        size = reps[rep]["sizes"][name]
+        fp32 = next((r for r in size["rows"] if r["label"] == "2x1-fp32"), None)
+        ways, losses = [], []
+        for prep, pname, label in picks:
+            psize = reps[prep]["sizes"][pname]
+            ways.append(other_way(psize, run_of(psize, label)))
+            if named is None and label in psize["val_vs_fp32"]:
+                losses.append(loss_change(psize["val_vs_fp32"][label]))
+        if named:
+            losses = [", ".join(f"{COMM_NAMES.get(run_of(size, x)['comm'], run_of(size, x)['comm'])} "
+                                f"{loss_change(size['val_vs_fp32'][x])}" for x in named)]
+        if not losses:
+            auto = next(r for r in size["rows"] if r["comm"] == "auto")
+            losses = [f"not compared (auto ran {auto['steps']:.0f} steps, fp32 {fp32['steps']:.0f})"]
+        link = f"{fp32['link_pct']:.0f} %" if fp32 else "-"
+        out.append(f"| {model_cell(name, size)} | {fp32_cell(fp32)} | {'; '.join(ways)} "
+                   f"| {'; '.join(losses)} | {link} |")
+    return out
+
+
+def report(name: str) -> Path:
+    return RESULTS / name / "report.json"
+
+
+# name -> (the reports the table is made from, the function making it from them)
+TABLES = {"distribution": ((report("distribution"),), distribution),
+          "local_sgd_long": ((report("scaling_lab_long"), report("scaling_lab")), local_sgd_long),
+          "lowcomm": ((report("lowcomm"),), lowcomm),
+          "relaunch": ((report("relaunch"),), relaunch),
+          "scaling_1gbit": ((report("scaling_lab"), report("scaling_lab_long"),
+                             report("scaling_lab_overlap")), scaling_1gbit),
+          "sync_overlap": ((report("scaling_lab_overlap"), report("scaling_lab_overlap_screen")),
+                           sync_overlap)}
 
 
 def render(name: str) -> str:
-    path, make = TABLES[name]
-    return "\n".join(make(json.loads(path.read_text()))) + "\n"
+    paths, make = TABLES[name]
+    return "\n".join(make(*(json.loads(p.read_text()) for p in paths))) + "\n"
 
 
 def pages() -> list[Path]:
@@ -103,7 +268,12 @@ def refresh(text: str, where: str) -> str:
             raise SystemExit(f"docs_tables: {where} names table '{m['name']}', unknown to "
                              f"bench/docs_tables.py; known: {', '.join(TABLES)}")
         return m.group(1) + render(m["name"]) + m.group(4)
-    return BLOCK.sub(one, text)
+    new, blocks = BLOCK.subn(one, text)
+    if blocks != text.count(OPENING):
+        raise SystemExit(f"docs_tables: {where} has {text.count(OPENING)} '{OPENING}' markers but "
+                         f"{blocks} tables; fix: '<!-- table: NAME -->' (a-z, 0-9, _) on its own line, "
+                         f"the table, then '<!-- /table -->'")
+    return new
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,3 +31,14 @@ def test_a_hand_edited_table_is_put_back_and_an_unknown_one_is_refused():
         assert "page.md names table 'nosuch'" in str(e)
     else:
         raise AssertionError("an unknown table was accepted")
+
+
+def test_a_marker_that_opens_no_table_is_refused():
+    for page in ("<!-- table: Relaunch -->\n| x |\n<!-- /table -->\n",  # a name markers cannot hold
+                 "<!-- table: relaunch -->\n| x |\n"):  # no closing marker
+        try:
+            docs_tables.refresh(page, "page.md")
+        except SystemExit as e:
+            assert "page.md has 1 '<!-- table:' markers but 0 tables" in str(e)
+        else:
+            raise AssertionError(f"a table that is never rewritten was accepted: {page!r}")
