@@ -29,15 +29,15 @@ def stock_skip_reason() -> str | None:
 
 
 class StockHosts:
-    """Two stock hosts, made once and handed to one module after another. `users` names the modules
-    that had the current hosts before (empty: they are bare)."""
+    """Two stock hosts, made once and handed to one test file after another. `users` names the files that
+    had the current hosts, in order (none yet: they are bare)."""
 
     def __init__(self) -> None:
         self.cluster: simlan.Cluster | None = None
         self.users: list[str] = []
 
     def __call__(self, module: str, *, bare: bool = False) -> simlan.Cluster:
-        """The hosts for `module`; `bare`: hosts no module had before (made anew if needed)."""
+        """The hosts for the test file `module`; `bare`: hosts no file had before (made anew if needed)."""
         reason = stock_skip_reason()
         if reason:
             pytest.skip(reason)
@@ -52,7 +52,7 @@ class StockHosts:
         return self.cluster
 
     def before(self, module: str) -> list[str]:
-        """The modules that had the hosts before `module`."""
+        """The test files that had the hosts before `module`."""
         return self.users[:self.users.index(module)]
 
     def _still_up(self) -> bool:

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -29,8 +30,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 @pytest.fixture(scope="module")
 def lab(stock_hosts, tmp_path_factory):
     t0 = time.monotonic()
-    c = stock_hosts(__name__)
-    before = stock_hosts.before(__name__)
+    c = stock_hosts(Path(__file__).name)
+    before = stock_hosts.before(Path(__file__).name)
     runs = tmp_path_factory.mktemp("slurm-runs")
     settings = {"ddplab_scheduler": "slurm", "ddplab_data_dir": str(make_shards(tmp_path_factory.getbasetemp()
                                                                                 / "shards")),
@@ -40,7 +41,7 @@ def lab(stock_hosts, tmp_path_factory):
     settings_file.write_text(yaml.safe_dump(settings))
     try:
         yield {"cluster": c, "inv": c.inventory_dir, "runs": runs, "t0": t0,
-               "hosts": f"hosts {', '.join(before)} prepared" if before else "bare stock hosts"}
+               "hosts": f"stock hosts {' and '.join(before)} prepared" if before else "bare stock hosts"}
     finally:  # the inventory folder outlives this module: a later cluster on it must not run through Slurm
         settings_file.unlink(missing_ok=True)
 

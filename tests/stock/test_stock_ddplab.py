@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 def stock(stock_hosts, tmp_path_factory):
     """Two bare stock hosts (tests/stock/conftest.py: test_slurm.py gets them next), a wheelhouse and a
     small shard set. At the end the hosts are as a user's prepared ones: ufw inactive with their rule."""
-    c = stock_hosts(__name__, bare=True)
+    c = stock_hosts(Path(__file__).name, bare=True)
     # The user's own firewall on node0: ufw installed, inactive, with a rate-limited SSH rule.
     c.exec("node0", ["sh", "-c", "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
                      "--no-install-recommends ufw >/dev/null && ufw limit 22/tcp >/dev/null"],
