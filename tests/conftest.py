@@ -43,7 +43,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.workers import use_own_simlan_lab
+from tests.helpers.inventories import require_clean_inventory
+from tests.helpers.workers import SHARED_CLUSTER, file_of, shared_cluster_scheduling, use_own_simlan_lab
 
 use_own_simlan_lab()  # before simlan is imported: it reads SIMLAN_LAB once
 
@@ -59,15 +60,6 @@ def simlan_skip_reason() -> str | None:
     """Why simlan tests cannot run here (not root, a tool missing), or None."""
     problem = missing_requirements()
     return f"simlan: {problem}" if problem else None
-
-
-def _require_clean_inventory(inv: Path) -> None:
-    """The lab's inventory folder outlives clusters: a settings file a module left there (a
-    group_vars/all/ddplab.yml with ddplab_scheduler: slurm, once) would change every later test."""
-    own = {inv / "group_vars" / "all" / "simlan.yml"}
-    extra = sorted(str(p.relative_to(inv)) for d in ("group_vars", "host_vars") for p in (inv / d).rglob("*")
-                   if p.is_file() and p not in own)
-    assert not extra, f"{inv} holds settings a test left behind (remove them in its fixture): {extra}"
 
 
 class SimlanFactory:
@@ -86,13 +78,13 @@ class SimlanFactory:
             self._remove_leftover()
             self._checked_leftover = True
         current = simlan.load()
-        same = (current is not None and current.created_by == os.getpid()
+        same = (current is not None and current.created_by == os.getpid() and not current.stock
                 and (len(current.hosts), current.rate, current.cpus) == (nodes, rate, cpus))
         if same and not fresh and current.healthy():
             self.cluster = current
         else:
             self.cluster = simlan.up(nodes, rate=rate, cpus=cpus, force=True)
-        _require_clean_inventory(self.cluster.inventory_dir)
+        require_clean_inventory(self.cluster.inventory_dir)
         return self.cluster
 
     def discard(self) -> None:
@@ -178,21 +170,39 @@ def pytest_runtest_teardown(item):
         sys.intern = BUILTIN_INTERN
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (`make test`): the files that share one cluster (SHARED_CLUSTER) go to one worker."""
+    return shared_cluster_scheduling(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
 def pytest_collection_modifyitems(items):
     """Longest first: the files in FIRST, the other files of simulated hosts, the other slow ones, then the
     quick rest. Parallel workers (`make test`) take files in this order, so no long file starts last while
-    the others sit idle. The order inside a file is kept (its module fixtures rely on it)."""
-    def path(item) -> str:
-        return item.nodeid.split("::")[0]
-
-    def weight(item) -> int:
-        return 2 if item.get_closest_marker("simlan") else 1 if item.get_closest_marker("slow") else 0
-
+    the others sit idle. The order inside a file is kept (its module fixtures rely on it). Files that share
+    a cluster (SHARED_CLUSTER) run back to back in that constant's order, where the first of them sorts."""
     by_file: dict[str, int] = {}
+    seen: dict[str, int] = {}  # collection order of the files
     for item in items:
-        by_file[path(item)] = max(by_file.get(path(item), 0), weight(item))
+        path = file_of(item.nodeid)
+        by_file[path] = max(by_file.get(path, 0), weight(item))
+        seen.setdefault(path, len(seen))
+    sharing = list(SHARED_CLUSTER)
 
-    def key(item) -> tuple[int, int]:
-        return (FIRST.index(path(item)), 0) if path(item) in FIRST else (len(FIRST), -by_file[path(item)])
+    def lead(path: str) -> str:
+        """The file whose place the file's tests take: itself, or the first file sharing its cluster."""
+        return next(f for f in sharing if f in seen and SHARED_CLUSTER[f] == SHARED_CLUSTER[path]) \
+            if path in SHARED_CLUSTER else path
 
-    items.sort(key=key)  # stable: the file order is kept within a weight
+    def key(item) -> tuple[int, int, int, int]:
+        path = file_of(item.nodeid)
+        first = lead(path)
+        rank = (FIRST.index(first), 0) if first in FIRST else (len(FIRST), -by_file[first])
+        return (*rank, seen[first], sharing.index(path) if path in SHARED_CLUSTER else 0)
+
+    items.sort(key=key)  # stable: the order inside a file is kept
+
+
+def weight(item) -> int:
+    """2 for tests of simulated hosts, 1 for the other slow ones, 0 for the rest."""
+    return 2 if item.get_closest_marker("simlan") else 1 if item.get_closest_marker("slow") else 0

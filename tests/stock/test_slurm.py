@@ -1,8 +1,10 @@
-"""ddplab_scheduler slurm on a real Slurm 22.05 (issue 32): two bare stock hosts (their own Debian 12 root
-filesystems, login `lab` with a sudo password) made a Slurm cluster by playbooks/slurm.yml, then runs
+"""ddplab_scheduler slurm on a real Slurm 22.05 (issue 32): two stock hosts without Slurm (their own Debian 12
+root filesystems, login `lab` with a sudo password) made a Slurm cluster by playbooks/slurm.yml, then runs
 submitted with sbatch. docs/slurm.md's commands run as typed, `-i` naming this module's inventory.
+The hosts are the ones test_stock_ddplab.py prepared, with ufw installed and inactive on node0, when both
+modules run (`make test`, tests/stock/conftest.py); bare ones when this module runs alone.
 
-One cluster serves the module, in order: slurm.yml from bare hosts (then changed=0, and --check --diff
+One cluster serves the module, in order: slurm.yml on hosts without Slurm (then changed=0, and --check --diff
 changed=0), a 2-node run through sbatch to the end with a rank on each node, two runs submitted back to
 back (the second queues, then runs), the script `python -m ddplab export sbatch` writes, submitted with
 sbatch. Times are printed (`pytest -s`)."""
@@ -14,26 +16,22 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
-from simlan import cluster as simlan
-from tests.helpers.playbooks import REPO, ensure_wheelhouse, make_shards, playbook, recap, tail
-from tests.stock.test_stock_ddplab import _skip_reason
+from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
 from tests.test_readme import SLURM_DOCS, readme_commands, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
-    ensure_wheelhouse()  # what `make wheelhouse` fills: prepare pushes it to the stock hosts
+def lab(stock_hosts, tmp_path_factory):
     t0 = time.monotonic()
-    c = simlan.up(2, stock=True, force=True, timeout=20)
+    c = stock_hosts(Path(__file__).name)
+    before = stock_hosts.before(Path(__file__).name)
     runs = tmp_path_factory.mktemp("slurm-runs")
     settings = {"ddplab_scheduler": "slurm", "ddplab_data_dir": str(make_shards(tmp_path_factory.getbasetemp()
                                                                                 / "shards")),
@@ -42,12 +40,10 @@ def lab(tmp_path_factory):
     settings_file = c.inventory_dir / "group_vars" / "all" / "ddplab.yml"
     settings_file.write_text(yaml.safe_dump(settings))
     try:
-        yield {"cluster": c, "inv": c.inventory_dir, "runs": runs, "t0": t0}
+        yield {"cluster": c, "inv": c.inventory_dir, "runs": runs, "t0": t0,
+               "hosts": f"stock hosts {' and '.join(before)} prepared" if before else "bare stock hosts"}
     finally:  # the inventory folder outlives this module: a later cluster on it must not run through Slurm
         settings_file.unlink(missing_ok=True)
-    current = simlan.load()
-    if current is not None and current.stock:
-        simlan.down()
 
 
 def docs_command(cmd: str, inv) -> subprocess.CompletedProcess:
@@ -59,7 +55,7 @@ def on_master(c, cmd: str) -> str:
     return c.exec("node0", ["su", "lab", "-c", cmd], timeout=60, check=True).stdout
 
 
-def test_slurm_cluster_from_bare_hosts_runs_a_two_node_job(lab):
+def test_slurm_cluster_from_hosts_without_slurm_runs_a_two_node_job(lab):
     c, inv = lab["cluster"], lab["inv"]
     setup = docs_command(SLURM_DOCS[0], inv)
     t_setup = time.monotonic() - lab["t0"]
@@ -83,8 +79,8 @@ def test_slurm_cluster_from_bare_hosts_runs_a_two_node_job(lab):
     launched = docs_command(SLURM_DOCS[1], inv)
     t_run = time.monotonic() - t1
     assert launched.returncode == 0, tail(launched, 120)
-    print(f"\nslurm: bare stock hosts to a Slurm cluster {t_setup:.0f} s; first launch (prepare + sbatch "
-          f"run, 5 steps) {t_run:.0f} s; bare to trained {time.monotonic() - lab['t0']:.0f} s")
+    print(f"\nslurm: {lab['hosts']} to a Slurm cluster {t_setup:.0f} s; first launch (prepare + sbatch "
+          f"run, 5 steps) {t_run:.0f} s; to trained {time.monotonic() - lab['t0']:.0f} s")
     run_id = re.search(r"run (\S+) is Slurm job (\d+)", launched.stdout)
     assert run_id, tail(launched, 120)
     summary = json.loads((lab["runs"] / run_id[1] / "summary.json").read_text())

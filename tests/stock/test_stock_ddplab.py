@@ -6,7 +6,8 @@ One cluster serves the module, in order: prepare twice (changed>0, then 0), laun
 firewall cleanup; then sudo's password typed at --ask-become-pass (and a vaulted one), a live run of another
 id that prepare refuses unless replace is asked, and root's listener on the master port named, not
 killed. node0 starts with ufw installed, inactive, holding the user's own `limit 22/tcp`.
-The times of the first and second prepare are printed (`pytest -s`)."""
+The times of the first and second prepare are printed (`pytest -s`). The hosts, prepared, then serve
+test_slurm.py (tests/stock/conftest.py), so every test here leaves them as a user would have them."""
 
 from __future__ import annotations
 
@@ -24,33 +25,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simlan import cluster as simlan
-from simlan.system import missing_requirements, which
 from tests.helpers.firewall import ephemeral_ports, peer_rules
-from tests.helpers.playbooks import BIN, REPO, ensure_wheelhouse, make_shards, playbook, recap, tail
+from tests.helpers.playbooks import BIN, REPO, make_shards, playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 
-
-def _skip_reason() -> str | None:
-    problem = missing_requirements()
-    if problem:
-        return f"simlan: {problem}"
-    for tool, pkg in (("debootstrap", "debootstrap"), ("iptables", "iptables"), ("ssh", "openssh-client")):
-        if which(tool) is None:
-            return f"simlan --stock: missing `{tool}` (apt-get install -y {pkg})"
-    return None
-
-
 @pytest.fixture(scope="module")
-def stock(tmp_path_factory):
-    """Two bare stock hosts, a wheelhouse and a small shard set; the hosts are taken down at the end."""
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
-    ensure_wheelhouse()  # `make wheelhouse` without its `setup` prerequisite
-    c = simlan.up(2, stock=True, force=True, timeout=20)
+def stock(stock_hosts, tmp_path_factory):
+    """Two bare stock hosts (tests/stock/conftest.py: test_slurm.py gets them next), a wheelhouse and a
+    small shard set. At the end the hosts are as a user's prepared ones: ufw inactive with their rule."""
+    c = stock_hosts(Path(__file__).name, bare=True)
     # The user's own firewall on node0: ufw installed, inactive, with a rate-limited SSH rule.
     c.exec("node0", ["sh", "-c", "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
                      "--no-install-recommends ufw >/dev/null && ufw limit 22/tcp >/dev/null"],
@@ -58,11 +43,8 @@ def stock(tmp_path_factory):
     extra = {"ddplab_data_dir": make_shards(tmp_path_factory.getbasetemp() / "shards"),
              "ddplab_runs_dir": tmp_path_factory.mktemp("stock-runs"), "ddplab_threads": 1,
              "ddplab_wait_poll": 10}
-    yield {"cluster": c, "inv": c.inventory_dir, "extra": extra,
+    return {"cluster": c, "inv": c.inventory_dir, "extra": extra,
            "addr": {h.name: h.addr for h in c.hosts}, "first": {}}
-    current = simlan.load()
-    if current is not None and current.stock:
-        simlan.down()
 
 
 def as_lab(c, host: str, cmd: str) -> subprocess.CompletedProcess:
@@ -310,27 +292,33 @@ def test_a_live_run_survives_prepare_unless_replace_is_asked(stock, prepared):
     start = playbook("start.yml", inventory=stock["inv"], timeout=300,
                      extra={**stock["extra"], "ddplab_trainer_steps": 100000, "ddplab_run_id": "stock-live"})
     assert start.returncode == 0, tail(start)
-    deadline = time.monotonic() + 60
-    while not all(torchrun_pids(c, h, "stock-live") for h in ("node0", "node1")):
-        assert time.monotonic() < deadline, "the run's torchrun did not start"
-        time.sleep(1)
-    before = {h: run_pids(c, h, "stock-live") for h in ("node0", "node1")}
+    try:
+        deadline = time.monotonic() + 60
+        while not all(torchrun_pids(c, h, "stock-live") for h in ("node0", "node1")):
+            assert time.monotonic() < deadline, "the run's torchrun did not start"
+            time.sleep(1)
+        before = {h: run_pids(c, h, "stock-live") for h in ("node0", "node1")}
 
-    refused = playbook("prepare.yml", inventory=stock["inv"], extra=stock["extra"], timeout=600)
-    assert refused.returncode != 0, tail(refused)
-    for host in ("node0", "node1"):
-        assert f"ddplab: error: {host}: run stock-live is still running there (torchrun PID " \
-            in refused.stdout, tail(refused)
-        assert set(before[host]) <= set(run_pids(c, host, "stock-live")), f"prepare ended a rank on {host}"
-    assert "playbooks/stop.yml -e ddplab_run_id=stock-live" in refused.stdout
-    assert "-e ddplab_replace_running=true" in refused.stdout
+        refused = playbook("prepare.yml", inventory=stock["inv"], extra=stock["extra"], timeout=600)
+        assert refused.returncode != 0, tail(refused)
+        for host in ("node0", "node1"):
+            assert f"ddplab: error: {host}: run stock-live is still running there (torchrun PID " \
+                in refused.stdout, tail(refused)
+            assert set(before[host]) <= set(run_pids(c, host, "stock-live")), \
+                f"prepare ended a rank on {host}"
+        assert "playbooks/stop.yml -e ddplab_run_id=stock-live" in refused.stdout
+        assert "-e ddplab_replace_running=true" in refused.stdout
 
-    replaced = playbook("prepare.yml", inventory=stock["inv"], timeout=600,
-                        extra={**stock["extra"], "ddplab_replace_running": "true"})
-    assert replaced.returncode == 0, tail(replaced)
-    assert "live run stock-live, replaced: ddplab_replace_running=true" in replaced.stdout
-    for host in ("node0", "node1"):
-        assert run_pids(c, host, "stock-live") == [], host
+        replaced = playbook("prepare.yml", inventory=stock["inv"], timeout=600,
+                            extra={**stock["extra"], "ddplab_replace_running": "true"})
+        assert replaced.returncode == 0, tail(replaced)
+        assert "live run stock-live, replaced: ddplab_replace_running=true" in replaced.stdout
+        for host in ("node0", "node1"):
+            assert run_pids(c, host, "stock-live") == [], host
+    finally:  # a run left going would hold the master port for the tests after (and test_slurm.py)
+        if any(run_pids(c, h, "stock-live") for h in ("node0", "node1")):
+            playbook("stop.yml", inventory=stock["inv"], timeout=300,
+                     extra={**stock["extra"], "ddplab_run_id": "stock-live"})
 
 
 def test_root_listener_on_the_master_port_is_named_not_killed(stock, prepared):
