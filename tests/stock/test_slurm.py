@@ -83,6 +83,11 @@ def test_slurm_cluster_from_hosts_without_slurm_runs_a_two_node_job(lab):
           f"run, 5 steps) {t_run:.0f} s; to trained {time.monotonic() - lab['t0']:.0f} s")
     run_id = re.search(r"run (\S+) is Slurm job (\d+)", launched.stdout)
     assert run_id, tail(launched, 120)
+    # the launch's preflight saw each node as a working member of the cluster (its slurm row)
+    verdict = json.loads((lab["runs"] / "preflight" / "latest.json").read_text())["hosts"]
+    rows = {h: verdict[h]["slurm"]["detail"] for h in ("node0", "node1")}
+    assert rows == {"node0": "munged, slurmd and slurmctld up; node0 idle",
+                    "node1": "munged, slurmd up; node1 idle"}, rows
     summary = json.loads((lab["runs"] / run_id[1] / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
     out = on_master(c, f"cat ~/ddplab/runs/{run_id[1]}/slurm-{run_id[2]}.out")
@@ -159,3 +164,21 @@ def test_exported_sbatch_script_trains_on_both_nodes(lab):
     assert re.search(r"ddplab: run \S+ rank 0/2 on node0 master \S+ iface \S+", out), out[-3000:]
     assert re.search(r"ddplab: run \S+ rank 1/2 on node1 master \S+ iface \S+", out), out[-3000:]
     assert "ddplab: done" in out, out[-3000:]
+
+
+def test_preflight_names_a_node_whose_slurmd_stopped_and_slurm_yml_starts_it_again(lab):
+    """Last in the module: it stops a daemon. A job sent to that node would wait in the queue for ever;
+    preflight (and so launch.yml) refuses before sbatch, naming the node and the fix."""
+    c, inv = lab["cluster"], lab["inv"]
+    c.exec("node1", ["pkill", "-x", "slurmd"], timeout=30, check=True)
+    checked = playbook("preflight.yml", inventory=inv, timeout=600)
+    assert checked.returncode != 0, tail(checked)
+    assert "FAIL node1 slurm: slurmd not running on node1" in checked.stdout, tail(checked)
+    assert "fix: run playbooks/slurm.yml (it installs and starts munge and Slurm)" in checked.stdout
+    assert "FAIL node0" not in checked.stdout, tail(checked)
+    fixed = playbook("slurm.yml", inventory=inv, timeout=600)
+    assert fixed.returncode == 0, tail(fixed)
+    deadline = time.monotonic() + 60
+    while (sinfo := on_master(c, "sinfo -h -o '%t %N'")).split() != ["idle", "node[0-1]"]:
+        assert time.monotonic() < deadline, sinfo
+        time.sleep(2)
