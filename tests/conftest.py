@@ -178,10 +178,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(items):
     """Longest first: the files in FIRST, the other files of simulated hosts, the other slow ones, then the
-    quick rest: the order of a run in one process. `make test`'s workers take files in xdist's own order
-    instead (most tests first, Makefile: measured faster than this one). The order inside a file is kept
-    (its module fixtures rely on it). Files that share a cluster (SHARED_CLUSTER) run back to back in that
-    constant's order, where the first of them sorts."""
+    quick rest. Parallel workers (`make test`) take files in this order, so no long file starts last while
+    the others sit idle. The order inside a file is kept (its module fixtures rely on it). Files that share
+    a cluster (SHARED_CLUSTER) run back to back in that constant's order, where the first of them sorts."""
     by_file: dict[str, int] = {}
     seen: dict[str, int] = {}  # collection order of the files
     for item in items:
