@@ -14,10 +14,8 @@ INV ?=
 TUNE_SECONDS ?= 120
 TUNE_PROCS ?= 2
 TUNE_ROUNDS ?= 1
-# make test: test files run in this many parallel workers, each with its own simulated lab (tests/conftest.py).
-# xdist hands out the files with most tests first (its loadscope reorder, kept): tests/conftest.py's
-# longest-first order instead (--no-loadscope-reorder) ran all long simulated-host files at once and the
-# suite took 38:52 in one clean-clone run (36:54 the run before, with this order)
+# make test: test files run in this many parallel workers, each with its own simulated lab (tests/conftest.py),
+# handed out in the order tests/conftest.py sorts them (xdist would otherwise start the files with most tests first)
 TEST_WORKERS ?= 3
 # make bench-distribution: the data sent to every node, in MiB, and the interleaved rounds
 DIST_SIZE_MB ?= 1024
@@ -41,7 +39,7 @@ lint: setup  ## ruff + ansible-lint (production profile)
 	$(BIN)/ansible-lint --offline --profile production
 
 test: setup lint  ## Lint, then the whole test suite (simulated hosts need root)
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test-fast: setup  ## Tests without the slow and simlan markers
 	$(BIN)/pytest -q -m 'not slow and not simlan'

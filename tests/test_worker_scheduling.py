@@ -49,7 +49,7 @@ class Worker:
 def test_the_loadfile_scheduler_hands_a_shared_cluster_to_one_worker_in_order(pytestconfig, monkeypatch):
     ids = collected(STOCK_DIR)
     monkeypatch.setattr(pytestconfig.option, "tx", ["2*popen"])
-    monkeypatch.setattr(pytestconfig.option, "loadscopereorder", True)  # as `make test` runs it (the default)
+    monkeypatch.setattr(pytestconfig.option, "loadscopereorder", False)  # as `make test` runs it
     scheduler = shared_cluster_scheduling(pytestconfig, None)
     workers = [Worker("gw0"), Worker("gw1")]
     for w in workers:
