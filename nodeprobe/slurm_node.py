@@ -14,10 +14,11 @@ Runs as the login user: nothing here needs root.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
+
+from nodeprobe import procs
 
 COMMANDS = ("munge", "unmunge", "sinfo", "sbatch")
 DAEMONS = ("munged", "slurmd", "slurmctld")
@@ -31,14 +32,7 @@ def node_name() -> str:
 
 def running(names=DAEMONS) -> dict[str, bool]:
     """Which of ``names`` have a process on this node (by /proc/<pid>/comm)."""
-    found = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/comm") as f:
-                    found.add(f.read().strip())
-            except OSError:
-                continue
+    found = {(procs._read(f"/proc/{pid}/comm") or "").strip() for pid in procs.pids()}
     return {name: name in found for name in names}
 
 
