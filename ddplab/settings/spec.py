@@ -260,7 +260,7 @@ INTERNAL = frozenset({
     # roles/ddplab/tasks/facts.yml (facts and the task vars that build them) and the --limit plays
     "ddplab_addrs", "ddplab_byo", "ddplab_master_home", "ddplab_master_lab", "ddplab_master_name",
     "ddplab_master_root_abs", "ddplab_left_out", "ddplab_settings_checked", "ddplab_dirs_made",
-    "ddplab_master_ssh", "ddplab_master_home_optional",
+    "ddplab_master_ssh", "ddplab_master_home_optional", "ddplab_slurm_controller_host",
     # launch.yml: the hosts of an imported playbook's plays ([] when launch does not need it)
     "ddplab_play_hosts",
     # not a variable: the action plugin plugins/action/ddplab_control.py
