@@ -70,7 +70,7 @@ def settings(inventory: str) -> tuple[dict, list[str]]:
 
 
 def lab_paths(v: dict, root: str, run: str) -> dict:
-    """A node's lab layout (roles/ddplab/tasks/facts.yml, run_id.yml) under root on the cluster."""
+    """A node's lab layout (roles/lab_facts, run_id.yml) under root on the cluster."""
     byo = bool(v["ddplab_code_dir"])
     pythonpath = f"{root}/code" + (f"/{v['ddplab_code_subdir']}" if byo else "")
     run_dir = f"{root}/runs/{run}"

@@ -254,13 +254,11 @@ BY_NAME = {s.name: s for s in SETTINGS}
 # Facts the roles set at run time (roles/ddplab/tasks, playbooks): never settings, never reported.
 INTERNAL = frozenset({
     "ddplab_lab", "ddplab_run", "ddplab_run_dir", "ddplab_control_run_dir", "ddplab_master_host",
-    "ddplab_master_addr", "ddplab_node_addr", "ddplab_world_size", "ddplab_all_local", "ddplab_home",
-    "ddplab_home_dir",
+    "ddplab_master_addr", "ddplab_node_addr", "ddplab_world_size", "ddplab_all_local",
     "ddplab_last_run", "ddplab_run_id_mode", "ddplab_root_abs", "ddplab_rank_cwd",
-    # roles/ddplab/tasks/facts.yml (facts and the task vars that build them) and the --limit plays
-    "ddplab_addrs", "ddplab_byo", "ddplab_master_home", "ddplab_master_lab", "ddplab_master_name",
-    "ddplab_master_root_abs", "ddplab_left_out", "ddplab_settings_checked", "ddplab_dirs_made",
-    "ddplab_master_ssh", "ddplab_master_home_optional", "ddplab_slurm_controller_host",
+    # roles/lab_facts (facts and the task vars that build them) and the --limit plays
+    "ddplab_addrs", "ddplab_byo", "ddplab_master_lab", "ddplab_master_root_abs", "ddplab_left_out",
+    "ddplab_settings_checked", "ddplab_dirs_made", "ddplab_slurm_controller_host",
     # launch.yml: the hosts of an imported playbook's plays ([] when launch does not need it)
     "ddplab_play_hosts",
     # not a variable: the action plugin plugins/action/ddplab_control.py
