@@ -1,6 +1,7 @@
 """Low-communication training against per-step fp32 DDP at equal tokens: `make bench-lowcomm`.
 
     .venv/bin/python bench/lowcomm.py [--steps 1600] [--seeds 1337 1338] [--modes ddp h16-avg ...] [--id ID]
+                                      [--corpus builtin|stdlib]
 
 Every mode in MODES trains the same model (0.46M parameters: depth 2, width 128, seq 128, 4 sequences per
 rank per step) for the same steps, so on the same tokens, with 2 ranks on this machine
@@ -16,9 +17,13 @@ run), the bytes each rank handed to the collectives per step as counted by the t
 warm-up) and the tokens. Before the runs, a micro-benchmark measures what gloo moves on loopback for one
 sync of this model in fp32, bf16 (all-reduce) and int8 (all-gather of codes and scales).
 
+The corpus (--corpus): `builtin`, the trainer's templated generated documents (its validation loss
+flattens near 0.31 nats per byte, where modes may all meet), or `stdlib`, the running Python's standard
+library source (bench/stdlib_corpus.py: real code and docstrings, no download), far harder to learn.
+
 Runs are kept in runs/bench-lowcomm-<id>/runs.json as they finish: the same --id skips the (mode, seed)
-runs already there, so modes can be added to a study. Writes bench/results/lowcomm/ (or --results):
-report.json, report.md, curves.png.
+runs already there (of the same corpus), so modes can be added to a study. Writes bench/results/lowcomm/
+(--corpus stdlib: bench/results/lowcomm-stdlib/; or --results): report.json, report.md, curves.png.
 """
 
 from __future__ import annotations
@@ -36,12 +41,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import stdlib_corpus  # noqa: E402
 from bench.local_sgd import spread, torchrun_trainer  # noqa: E402
 from bench.scaling_lab import machine_info  # noqa: E402
 
-BATCH, SEQ, RANKS = 4, 128, 2
+BATCH, SEQ, RANKS, EVAL_BATCHES = 4, 128, 2, 32
 MODEL = ["--depth", "2", "--seq-len", str(SEQ), "--batch-size", str(BATCH), "--threads", "1", "--lr", "3e-3",
-         "--eval-batches", "32", "--timing-warmup-steps", "2"]
+         "--eval-batches", str(EVAL_BATCHES), "--timing-warmup-steps", "2"]
 AVG = ["--outer-lr", "1", "--outer-momentum", "0"]  # plain parameter averaging (local SGD)
 # name: (label, flags, the mode it changes one thing of: its numbers are compared with that one);
 # {warm} is a 25th of the run's steps (64 of 1,600)
@@ -62,7 +68,15 @@ MODES = {
 # docs/scaling.md recommends; the others were measured with --modes and --join
 DEFAULT_MODES = ("h16-avg", "h16-avg-int4")
 TARGETS = [(16, 0.01), (100, 0.03)]  # (bytes per step at least this many times fewer, val loss within)
-RESULTS = REPO / "bench" / "results" / "lowcomm"
+# corpus: (what it is, its shard folder, where its report goes by default); each is prepared once, reused
+CORPORA = {
+    "builtin": ("the trainer's built-in templated corpus (trainer/data/corpus.py, seed 0)",
+                REPO / "runs" / "bench-lowcomm-data", REPO / "bench" / "results" / "lowcomm"),
+    "stdlib": ("the running Python's standard library source (bench/stdlib_corpus.py)",
+               REPO / "runs" / "bench-lowcomm-data-stdlib" / "shards",
+               REPO / "bench" / "results" / "lowcomm-stdlib"),
+}
+BUILTIN_DOCS, ROWS_PER_GROUP, GROUPS_PER_SHARD = 16384, 64, 16
 
 
 def flags_of(mode: str, steps: int) -> list[str]:
@@ -70,9 +84,64 @@ def flags_of(mode: str, steps: int) -> list[str]:
     return [*extra, "--allow-local-sgd"] if extra else []
 
 
+# --- the data -----------------------------------------------------------------------------------------
+
+def shard_stats(data: Path) -> dict:
+    """What a shard folder holds: documents and bytes (UTF-8) in all, the held-out row groups (the
+    trainer's automatic split: the last 1 in 16) and their bytes, the tokens (BOS + bytes per document)
+    of each rank's training row groups (rank r reads r, r + RANKS, ...), its digest."""
+    import pyarrow.parquet as pq
+
+    from trainer.data.heldout import held_out_count
+    from trainer.data.shards import open_dataset
+
+    ds = open_dataset(data)
+    sizes = []  # (documents, bytes) per row group, in manifest order
+    for fname, local in ds.row_groups:
+        texts = pq.ParquetFile(data / fname).read_row_group(local, columns=["text"]).column(0).to_pylist()
+        sizes.append((len(texts), sum(len(t.encode("utf-8")) for t in texts)))
+    val = held_out_count(-1, len(sizes))
+    train = sizes[:len(sizes) - val]
+    return {"documents": sum(n for n, _ in sizes), "bytes": sum(b for _, b in sizes),
+            "row_groups": len(sizes), "val_row_groups": val,
+            "val_bytes": sum(b for _, b in sizes[len(train):]),
+            "train_tokens_per_rank": [sum(n + b for n, b in train[r::RANKS]) for r in range(RANKS)],
+            "digest": ds.digest}
+
+
+def prepare_corpus(corpus: str) -> tuple[Path, dict]:
+    """The corpus's shard folder (written when missing or out of date) and what it holds."""
+    from trainer.data.shards import prepare
+
+    label, data, _ = CORPORA[corpus]
+    info = {"name": corpus, "label": label}
+    if corpus == "stdlib":
+        source = data.parent / "source"
+        info["source"] = stdlib_corpus.write_source(source)
+        print(prepare(data, source, None, ROWS_PER_GROUP, GROUPS_PER_SHARD, seed=0), flush=True)
+    elif not (data / "manifest.json").exists():
+        print(prepare(data, None, BUILTIN_DOCS, ROWS_PER_GROUP, GROUPS_PER_SHARD, seed=0), flush=True)
+    return data, info | shard_stats(data)
+
+
+def describe_corpus(c: dict, run_tokens: int) -> str:
+    """The report's sentence on the corpus: what it is, its size, whether a run reads any byte twice."""
+    s = c.get("source")
+    src = (f"{s['files']:,} files, {s['source_bytes']:,} bytes of Python {s['python']} source under "
+           f"{s['root']} cut into {s['documents']:,} documents of about {s['chunk_bytes']:,} bytes; "
+           if s else "")
+    have = c["train_tokens_per_rank"]
+    twice = "no token twice" if run_tokens // RANKS + 1 <= min(have) else "some more than once"
+    reads = (f"each rank reads {run_tokens // RANKS:,} tokens, its training row groups hold "
+             f"{' and '.join(f'{t:,}' for t in have)}: {twice}")
+    return (f"Corpus: {c['label']}: {src}{c['documents']:,} documents, {c['bytes']:,} bytes written in "
+            f"{c['row_groups']} whole row groups of {ROWS_PER_GROUP} (digest {c['digest'][:16]}), the last "
+            f"{c['val_row_groups']} held out ({c['val_bytes']:,} bytes); {reads}.")
+
+
 # --- the runs ------------------------------------------------------------------------------------------
 
-def run_mode(data: Path, out: Path, mode: str, seed: int, steps: int) -> dict:
+def run_mode(data: Path, out: Path, mode: str, seed: int, steps: int, corpus: str) -> dict:
     """One trainer run; what the study needs from its summary and metrics."""
     eval_every = max(1, steps // 10) * BATCH * SEQ * RANKS
     load1 = round(os.getloadavg()[0], 2)
@@ -81,12 +150,16 @@ def run_mode(data: Path, out: Path, mode: str, seed: int, steps: int) -> dict:
                                      "--eval-every-tokens", str(eval_every), *MODEL, *flags_of(mode, steps)])
     recs = [json.loads(ln) for ln in (out / "metrics.rank0.jsonl").read_text().splitlines() if ln]
     lsgd = s.get("local_sgd") or {}
-    return {"mode": mode, "seed": seed, "steps": steps, "val_loss": s["val_loss"],
+    return {"mode": mode, "seed": seed, "steps": steps, "corpus": corpus, "val_loss": s["val_loss"],
             "val_curve": s["val_curve"],
             "bytes_per_step": sum(r["allreduce_bytes"] for r in recs) / len(recs),
             "outer_steps": lsgd.get("syncs", steps), "tokens": s["tokens_seen"], "params": s["params"],
             "tokens_per_sec": s["tokens_per_sec"], "wall_s": round(time.perf_counter() - t0, 1),
             "load1": load1}
+
+
+def corpus_of(run: dict) -> str:
+    return run.get("corpus", "builtin")  # runs recorded before --corpus existed trained on the built-in one
 
 
 def joined(ids: list[str]) -> list[dict]:
@@ -101,25 +174,28 @@ def joined(ids: list[str]) -> list[dict]:
 
 
 def study(args, work: Path, data: Path) -> list[dict]:
-    """Every (mode, seed) not yet in work/runs.json, the reference first in each round."""
+    """Every (mode, seed) not yet in work/runs.json for this corpus, the reference first in each round."""
     saved = work / "runs.json"
     runs = json.loads(saved.read_text()) if saved.exists() else []
-    have = {(r["mode"], r["seed"], r["steps"]) for r in runs}
+    have = {(r["mode"], r["seed"], r["steps"]) for r in runs if corpus_of(r) == args.corpus}
     modes = ["ddp", *[m for m in args.modes if m != "ddp"]]
     for n, seed in enumerate(args.seeds):
         order = modes if n % 2 == 0 else ["ddp", *reversed(modes[1:])]
         for mode in order:
             if (mode, seed, args.steps) in have:
                 continue
-            out = work / "raw" / f"{mode}-s{seed}-{args.steps}"
+            tag = "" if args.corpus == "builtin" else f"{args.corpus}-"  # builtin: the names it always had
+            out = work / "raw" / f"{tag}{mode}-s{seed}-{args.steps}"
             out.parent.mkdir(parents=True, exist_ok=True)
-            r = run_mode(data, out, mode, seed, args.steps)
+            r = run_mode(data, out, mode, seed, args.steps, args.corpus)
             print(f"seed {seed} {mode}: val {r['val_loss']:.4f}, {r['bytes_per_step']:,.0f} B/step, "
                   f"{r['outer_steps']} outer steps, {r['wall_s']} s, load {r['load1']}", flush=True)
             runs.append(r)
             saved.write_text(json.dumps(runs, indent=1) + "\n")
-    have |= {(r["mode"], r["seed"], r["steps"]) for r in runs}
-    runs += [r for r in joined(args.join) if (r["mode"], r["seed"], r["steps"]) not in have]
+    runs = [r for r in runs if corpus_of(r) == args.corpus]
+    have = {(r["mode"], r["seed"], r["steps"]) for r in runs}
+    runs += [r for r in joined(args.join) if corpus_of(r) == args.corpus
+             and (r["mode"], r["seed"], r["steps"]) not in have]
     return [r for r in runs if r["steps"] == args.steps and r["seed"] in args.seeds]
 
 
@@ -311,15 +387,16 @@ def main(argv=None) -> int:
                     help="study folder runs/bench-lowcomm-ID (an existing one: its finished runs are kept)")
     ap.add_argument("--join", nargs="*", default=[], metavar="ID",
                     help="also report the runs of these study folders (same --steps and --seeds)")
-    ap.add_argument("--results", default=str(RESULTS), help="where report.json, report.md, curves.png go")
+    ap.add_argument("--corpus", default="builtin", choices=list(CORPORA),
+                    help="builtin: the trainer's templated corpus; stdlib: this Python's standard library "
+                         "source")
+    ap.add_argument("--results", default=None,
+                    help="where report.json, report.md, curves.png go (default: bench/results/lowcomm/, "
+                         "bench/results/lowcomm-stdlib/ for --corpus stdlib)")
     ap.add_argument("--wire-reps", type=int, default=30,
                     help="repetitions of the gloo micro-benchmark (0: skip)")
     args = ap.parse_args(argv)
-    from trainer.data.shards import prepare
-
-    data = REPO / "runs" / "bench-lowcomm-data"
-    if not (data / "manifest.json").exists():
-        print(prepare(data, None, 16384, 64, 16, seed=0), flush=True)
+    data, corpus = prepare_corpus(args.corpus)
     work = REPO / "runs" / f"bench-lowcomm-{args.id}"
     work.mkdir(parents=True, exist_ok=True)
     machine = machine_info() | {"load_before": [round(x, 2) for x in os.getloadavg()]}
@@ -335,17 +412,19 @@ def main(argv=None) -> int:
     modes = summarize(runs)
     fewest_outer = min(s["outer_steps"] for s in modes.values())
     rep = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine, "wire": wire,
-           "steps": args.steps, "seeds": args.seeds, "model_args": MODEL, "modes": modes,
+           "steps": args.steps, "seeds": args.seeds, "model_args": MODEL, "corpus": corpus, "modes": modes,
            "targets": targets(modes), "runs": runs,
            "setup": (f"2 ranks, torchrun --standalone on this machine, gloo over loopback, 1 thread per "
                      f"rank; {runs[0]['params']:,} parameters (depth 2, width 128), seq {SEQ}, {BATCH} "
                      f"sequences per rank per step, lr 3e-3 cosine, {args.steps} steps = "
                      f"{runs[0]['tokens']:,} tokens per run (at least {fewest_outer} outer steps); seeds "
                      f"{', '.join(map(str, args.seeds))} (one round each, the reference in every round); "
-                     f"validation loss on 16 held-out row groups (128 sequences) at the end of each run; "
-                     f"bytes per step: what each rank handed to the collectives, counted by the trainer, "
-                     f"averaged over all steps.")}
-    results = Path(args.results)
+                     f"validation loss on the first {EVAL_BATCHES * BATCH} sequences of the "
+                     f"{corpus['val_row_groups']} held-out row groups at the end of each run; bytes per "
+                     f"step: what each rank handed to the collectives, counted by the trainer, averaged "
+                     f"over all steps. "
+                     f"{describe_corpus(corpus, runs[0]['tokens'])}")}
+    results = Path(args.results or CORPORA[args.corpus][2])
     results.mkdir(parents=True, exist_ok=True)
     (results / "report.json").write_text(json.dumps(rep, indent=2) + "\n")
     (results / "report.md").write_text(write_md(rep))

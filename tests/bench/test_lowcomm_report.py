@@ -1,11 +1,13 @@
 """make bench-lowcomm's summary: ratios to the reference of the same seed, the targets, the verdicts."""
 
+import argparse
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.lowcomm import MODES, flags_of, summarize, targets, verdict, write_md  # noqa: E402
+from bench.lowcomm import MODES, flags_of, study, summarize, targets, verdict, write_md  # noqa: E402
 
 DDP_BYTES = 1_836_032
 
@@ -49,3 +51,16 @@ def test_a_change_helps_only_beyond_the_spread_of_the_seeds():
     assert verdict(s, "h16-avg") == ""  # a baseline
     md = write_md({"when": "now", "setup": "setup", "modes": s, "targets": targets(s), "machine": {}})
     assert "| H16, averaging, int4 |" in md and "-> met" in md and "-> not met" in md
+
+
+def test_a_study_folder_keeps_each_corpus_runs_apart(tmp_path):
+    old = RUNS[:2] + RUNS[2:4]  # recorded before --corpus: the built-in corpus
+    stdlib = [run("ddp", 1, 3.0, 1) | {"corpus": "stdlib"}, run("h16-avg", 1, 3.1, 16) | {"corpus": "stdlib"}]
+    (tmp_path / "runs.json").write_text(json.dumps(old + stdlib))
+
+    def args(corpus, seeds):
+        return argparse.Namespace(corpus=corpus, seeds=seeds, steps=1600, modes=["h16-avg"], join=[])
+
+    # every (mode, seed) is there, so nothing runs; each corpus sees only its own runs
+    assert study(args("stdlib", [1]), tmp_path, tmp_path) == stdlib
+    assert study(args("builtin", [1, 2]), tmp_path, tmp_path) == old
