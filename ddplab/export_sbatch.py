@@ -31,6 +31,7 @@ from ddplab.settings.layout import MASTER, NODES
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_VARS = REPO / "roles" / "launch" / "vars" / "main.yml"
+LOOKUP_PLUGINS = REPO / "plugins" / "lookup"
 TEMPLATE = Path(__file__).with_name("export_sbatch.sh.j2")
 HASHING = REPO / "nodeprobe" / "hashing.py"
 # The first comment line of every exported script: a file without it is the user's and is never overwritten.
@@ -89,8 +90,10 @@ def templar(variables: dict):
 def trainer_argv(v: dict, lab: dict, run: str) -> tuple[list[str], str]:
     """(roles/launch's launch_trainer_argv, launch_threads_flag) for this run on the cluster."""
     from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import lookup_loader
     from ansible.template import trust_as_template
 
+    lookup_loader.add_directory(str(LOOKUP_PLUGINS))  # ddplab_trainer_flags, wherever this runs from
     role_vars = DataLoader().load_from_file(str(LAUNCH_VARS), trusted_as_template=True)
     t = templar({**v, **role_vars, "ddplab_byo": lab["byo"], "ddplab_run": run,
                  "ddplab_run_dir": lab["run_dir"], "ddplab_lab": lab,

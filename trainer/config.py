@@ -332,6 +332,28 @@ class _ArgumentProblem(Exception):
     """argparse's complaint about the flags (check_args turns it into one line)."""
 
 
+def flag_of(name: str) -> str:
+    """A TrainConfig field's command-line flag: --kebab-case."""
+    return "--" + name.replace("_", "-")
+
+
+def command_line(values: dict) -> list[str]:
+    """The flags that set `values` ({TrainConfig field: value}, in their order), as build_parser reads them:
+    a switch gives its flag when it differs from its default (`--no-x` for one that is on by default), any
+    other field `--flag value`. The launcher (ddplab/trainer_flags.py) spells what it passes with it."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig) if not f.name.startswith("_")}
+    argv = []
+    for name, value in values.items():
+        if name not in fields:
+            raise ValueError(f"the trainer has no setting {name!r} (trainer/config.py TrainConfig)")
+        if fields[name].type in ("bool", bool):
+            if bool(value) != fields[name].default:
+                argv.append(flag_of(name) if value else "--no-" + flag_of(name)[2:])
+        else:
+            argv += [flag_of(name), str(value)]
+    return argv
+
+
 def build_parser(raise_errors: bool = False) -> argparse.ArgumentParser:
     p = _Parser(prog="python -m trainer", description="ddplab: train a small GPT with CPU DDP over gloo. "
                 "Run alone (1 rank) or under torchrun. `python -m trainer --check-args ARGS...` only "
@@ -341,7 +363,7 @@ def build_parser(raise_errors: bool = False) -> argparse.ArgumentParser:
     for f in dataclasses.fields(TrainConfig):
         if f.name.startswith("_"):
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_of(f.name)
         helptext = FIELD_HELP[f.name]
         default = defaults[f.name].default
         if f.type in ("bool", bool):  # on by default: --flag / --no-flag

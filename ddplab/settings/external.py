@@ -1,8 +1,8 @@
 """Checks that ask another authority: the trainer's own config validation, and the torch wheel sources.
 
 - Trainer flags (built-in trainer only) are checked by `trainer.config` itself, imported here, with the
-  argv that roles/launch/defaults/main.yml (launch_args) and launch.sh.j2 (--threads) build, so the
-  trainer's rules live once.
+  argv that roles/launch's launch_args (ddplab/trainer_flags.py) and launch.sh.j2 (--threads) build, so
+  the trainer's rules live once.
 - The torch pin is known good when it is the control host's own torch; otherwise the configured wheel
   folder is listed, or pip is asked once (`pip index versions torch`) with a short timeout. An index
   that cannot be reached is a warning: the nodes install from it later and say so.
@@ -20,25 +20,18 @@ import subprocess
 import sys
 
 from ddplab.settings.problems import Problem
+from ddplab.trainer_flags import FLAG_SETTING, launch_flags
 
 # torch_env's extra index (roles/torch_env/defaults/main.yml: torch_env_extra_index_url): CPU wheels.
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PIP_TIMEOUT_S = 8
-FLAG_SETTING = {"--steps": "ddplab_trainer_steps", "--depth": "ddplab_trainer_depth",
-                "--pg-timeout-s": "ddplab_pg_timeout", "--threads": "ddplab_threads",
-                "--run-id": "ddplab_run_id", "--balance": "ddplab_balance", "--elastic": "ddplab_elastic"}
 
 
 def trainer_argv(v: dict) -> list[str]:
     """The built-in trainer's flags as launch_args + launch.sh.j2 give them (placeholders for node paths)."""
-    argv = ["--data", v["ddplab_data_dir"] or "data", "--out", "run/out",
-            "--run-id", v["ddplab_run_id"] or "run-check",
-            "--steps", str(v["ddplab_trainer_steps"]), "--depth", str(v["ddplab_trainer_depth"]),
-            "--pg-timeout-s", str(v["ddplab_pg_timeout"])]
-    argv += ["--resume"] if v["ddplab_resume"] else []
-    argv += ["--balance"] if v["ddplab_balance"] else []
-    argv += ["--elastic"] if v["ddplab_elastic"] else []
-    return argv + list(v["ddplab_trainer_extra_args"]) + ["--threads", str(v["ddplab_threads"] or 1)]
+    argv = launch_flags(v, v["ddplab_data_dir"] or "data", "run/out", v["ddplab_run_id"] or "run-check",
+                        v["ddplab_resume"])
+    return argv + ["--threads", str(v["ddplab_threads"] or 1)]
 
 
 def trainer_message(argv: list[str]) -> str | None:

@@ -194,7 +194,9 @@ def test_trainer_argv_matches_launch_args():
 RENDER_LAUNCH_ARGS = """
 import json, sys, yaml
 from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import lookup_loader
 from ansible.template import Templar, trust_as_template
+lookup_loader.add_directory(sys.argv[3])  # plugins/lookup: ddplab_trainer_flags
 launch_vars = yaml.safe_load(open(sys.argv[1]).read())
 templar = Templar(loader=DataLoader(), variables=json.loads(sys.argv[2]))
 print(json.dumps(list(templar.template(trust_as_template(launch_vars["launch_args"])))))
@@ -222,7 +224,8 @@ def test_launch_args_rendered_by_ansible_are_the_argv_the_check_validates(balanc
             "ddplab_elastic": values["ddplab_elastic"],
             "ddplab_trainer_extra_args": values["ddplab_trainer_extra_args"]}
     proc = subprocess.run([sys.executable, "-c", RENDER_LAUNCH_ARGS, str(repo / "roles/launch/vars/main.yml"),
-                           json.dumps(node)], capture_output=True, text=True, timeout=60, check=True)
+                           json.dumps(node), str(repo / "plugins" / "lookup")],
+                          capture_output=True, text=True, timeout=60, check=True)
     rendered = json.loads(proc.stdout)
     assert [*rendered, "--threads", "1"] == trainer_argv(values)
     assert ("--balance" in rendered) is balance

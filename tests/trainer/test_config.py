@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.helpers.trainer_runs import REPO, env
-from trainer.config import FIELD_HELP, TrainConfig, UsageError, check_args, parse_config
+from trainer.config import FIELD_HELP, TrainConfig, UsageError, check_args, command_line, parse_config
 
 
 def test_depth_sets_width_and_heads():
@@ -101,3 +101,34 @@ def test_check_args_cli_needs_no_torch_and_exits_2_with_one_line():
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.splitlines() == ["ddplab: error: trainer argument --steps: 0 given; --steps must be at "
                                        "least 1"]
+
+
+def test_command_line_spells_each_field_as_the_parser_reads_it():
+    """What the launcher passes (ddplab/trainer_flags.py) parses back to the same values with the trainer's
+    own parser; a switch appears only when it differs from its default; an unknown field is refused."""
+    values = {"data": "/d", "out": "/o", "run_id": "r-1", "steps": 7, "pg_timeout_s": 30.0,
+              "resume": True, "balance": False, "powersgd_warm_start": False}
+    argv = command_line(values)
+    assert argv == ["--data", "/d", "--out", "/o", "--run-id", "r-1", "--steps", "7", "--pg-timeout-s",
+                    "30.0", "--resume", "--no-powersgd-warm-start"]
+    cfg = parse_config(argv)
+    assert {k: getattr(cfg, k) for k in values} == values
+    with pytest.raises(ValueError, match="no setting 'stpes'"):
+        command_line({"stpes": 7})
+
+
+def test_launch_flags_name_the_settings_and_the_trainer_accepts_them():
+    from ddplab.trainer_flags import FLAG_SETTING, SETTING_FIELD, launch_flags
+
+    settings = {"ddplab_trainer_steps": 9, "ddplab_trainer_depth": 3, "ddplab_pg_timeout": 40,
+                "ddplab_balance": True, "ddplab_elastic": False,
+                "ddplab_trainer_extra_args": ["--lr", "0.01"]}
+    argv = launch_flags(settings, "/lab/data", "/lab/runs/r/out", "r", resume=True)
+    assert argv[-2:] == ["--lr", "0.01"] and argv.index("--resume") > argv.index("--pg-timeout-s")
+    cfg = parse_config(argv)
+    for name, field in SETTING_FIELD.items():
+        assert getattr(cfg, field) == settings[name], name
+    assert (cfg.data, cfg.out, cfg.run_id, cfg.resume, cfg.lr) == ("/lab/data", "/lab/runs/r/out", "r", True,
+                                                                    0.01)
+    assert FLAG_SETTING["--pg-timeout-s"] == "ddplab_pg_timeout"
+    assert FLAG_SETTING["--threads"] == "ddplab_threads"

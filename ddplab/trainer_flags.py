@@ -1,0 +1,33 @@
+"""The built-in trainer's command line for a launch, from ddplab's settings.
+
+One home for which setting sets which trainer flag; the flags themselves are the trainer's own
+(trainer.config.command_line spells them from TrainConfig's fields). roles/launch's launch_args (through
+plugins/lookup/ddplab_trainer_flags.py), the settings check (ddplab/settings/external.py) and, through the
+role's variables, `python -m ddplab export sbatch` all build the command line here.
+"""
+
+from __future__ import annotations
+
+from trainer.config import command_line, flag_of
+
+# ddplab setting -> the trainer's field it sets, in the order of the command line (--resume comes after
+# --pg-timeout-s: the launch role decides it per run, from ddplab_resume and the run's checkpoints)
+SETTING_FIELD = {"ddplab_trainer_steps": "steps", "ddplab_trainer_depth": "depth",
+                 "ddplab_pg_timeout": "pg_timeout_s", "ddplab_balance": "balance",
+                 "ddplab_elastic": "elastic"}
+EXTRA_ARGS = "ddplab_trainer_extra_args"  # appended as given: the user's own trainer flags
+# the setting behind each flag ddplab passes (to name it when the trainer refuses a value)
+FLAG_SETTING = {**{flag_of(field): name for name, field in SETTING_FIELD.items()},
+                "--run-id": "ddplab_run_id", "--threads": "ddplab_threads"}
+
+
+def launch_flags(settings: dict, data: str, out: str, run_id: str, resume: bool = False) -> list[str]:
+    """The trainer's flags for one launch: the run's folders and id, the settings of SETTING_FIELD (values
+    already typed: ints and bools), --resume when the launch resumes, then ddplab_trainer_extra_args.
+    The thread count is added by launch.sh (the node resolves it)."""
+    values = {"data": data, "out": out, "run_id": run_id}
+    for name, field in SETTING_FIELD.items():
+        values[field] = settings[name]
+        if field == "pg_timeout_s":
+            values["resume"] = resume
+    return command_line(values) + [str(a) for a in settings[EXTRA_ARGS]]
