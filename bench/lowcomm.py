@@ -63,6 +63,9 @@ MODES = {
                           ["--sync-every", "16", "--sync-every-after", "{warm}", "--comm", "int8", *AVG],
                           "h16-avg-int8"),
     "h16-avg-int4": ("H16, averaging, int4", ["--sync-every", "16", "--comm", "int4", *AVG], "h16-avg-int8"),
+    # post-local SGD at >= 16x fewer bytes: 64 per-step DDP steps, then a sync every 64 (1/18 at 1,600 steps)
+    "h64-avg-warm": ("H64, averaging, fp32, per-step warm-up (1/25 of the steps)",
+                     ["--sync-every", "64", "--sync-every-after", "{warm}", *AVG], "h16-avg"),
 }
 # what a plain `make bench-lowcomm` runs (2 seeds x 3 runs, ~40 min on this shared machine): the settings
 # docs/scaling.md recommends; the others were measured with --modes and --join
