@@ -246,6 +246,7 @@ def report(name: str) -> Path:
 TABLES = {"distribution": ((report("distribution"),), distribution),
           "local_sgd_long": ((report("scaling_lab_long"), report("scaling_lab")), local_sgd_long),
           "lowcomm": ((report("lowcomm"),), lowcomm),
+          "lowcomm_stdlib": ((report("lowcomm-stdlib"),), lowcomm),
           "relaunch": ((report("relaunch"),), relaunch),
           "scaling_1gbit": ((report("scaling_lab"), report("scaling_lab_long"),
                              report("scaling_lab_overlap")), scaling_1gbit),
