@@ -21,13 +21,21 @@ FLAG_SETTING = {**{flag_of(field): name for name, field in SETTING_FIELD.items()
                 "--run-id": "ddplab_run_id", "--threads": "ddplab_threads"}
 
 
-def launch_flags(settings: dict, data: str, out: str, run_id: str, resume: bool = False) -> list[str]:
-    """The trainer's flags for one launch: the run's folders and id, the settings of SETTING_FIELD (values
-    already typed: ints and bools), --resume when the launch resumes, then ddplab_trainer_extra_args.
-    The thread count is added by launch.sh (the node resolves it)."""
+SWITCHES = ("ddplab_balance", "ddplab_elastic")
+TRUE_WORDS = ("yes", "on", "1", "true", "y", "t")  # Ansible's booleans (-e k=v gives strings)
+
+
+def switch(value) -> bool:
+    return value.strip().lower() in TRUE_WORDS if isinstance(value, str) else bool(value)
+
+
+def launch_flags(settings: dict, data: str, out: str, run_id: str, resume=False) -> list[str]:
+    """The trainer's flags for one launch: the run's folders and id, the settings of SETTING_FIELD (as
+    Ansible gives them: numbers and switches may be strings), --resume when the launch resumes, then
+    ddplab_trainer_extra_args. The thread count is added by launch.sh (the node resolves it)."""
     values = {"data": data, "out": out, "run_id": run_id}
     for name, field in SETTING_FIELD.items():
-        values[field] = settings[name]
+        values[field] = switch(settings[name]) if name in SWITCHES else int(settings[name])
         if field == "pg_timeout_s":
-            values["resume"] = resume
+            values["resume"] = switch(resume)
     return command_line(values) + [str(a) for a in settings[EXTRA_ARGS]]

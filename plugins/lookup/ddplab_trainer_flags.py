@@ -10,7 +10,6 @@ task's variables, so no play or role lists them again.
 from __future__ import annotations
 
 from ansible.errors import AnsibleLookupError
-from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.lookup import LookupBase
 
 from ddplab.trainer_flags import EXTRA_ARGS, SETTING_FIELD, launch_flags
@@ -25,9 +24,6 @@ options:
   resume: {description: Whether this launch resumes (--resume)., type: bool, default: false}
 """
 
-SWITCHES = ("ddplab_balance", "ddplab_elastic")
-
-
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
@@ -36,8 +32,6 @@ class LookupModule(LookupBase):
             if name not in (variables or {}):
                 raise AnsibleLookupError(f"ddplab_trainer_flags: {name} is not defined (list role ddplab "
                                          "in the play: it holds every setting's default)")
-            value = self._templar.template(variables[name])
-            settings[name] = boolean(value) if name in SWITCHES else list(value) if name == EXTRA_ARGS \
-                else int(value)
+            settings[name] = self._templar.template(variables[name])
         return launch_flags(settings, str(self.get_option("data")), str(self.get_option("out")),
-                            str(self.get_option("run_id")), boolean(self.get_option("resume")))
+                            str(self.get_option("run_id")), self.get_option("resume"))

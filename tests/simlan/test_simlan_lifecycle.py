@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -45,11 +46,18 @@ def _digest(paths) -> dict:
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file()}
 
 
+def _real_rules() -> list[str]:
+    """This machine's iptables rules, less the egress chains of simulated labs (simlan/egress.py): a parallel
+    test worker's stock lab adds or removes its own SIMLAN<N>-FWD/NAT chain at any moment."""
+    rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30).stdout
+    return [ln for ln in rules.splitlines() if not re.search(r"\bSIMLAN\d+-(FWD|NAT)\b", ln)]
+
+
 def test_ufw_in_a_host_does_not_touch_the_real_firewall(simlan2, simlan_cluster):
     if shutil.which("ufw", path=f"{os.environ.get('PATH', '')}:/usr/sbin") is None:
         pytest.skip("ufw (Debian package ufw) is not installed")
     real_files = [*Path("/etc/ufw").rglob("*"), Path("/etc/default/ufw")]
-    before_rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30).stdout
+    before_rules = _real_rules()
     before_files = _digest(real_files)
     listener = _listen(simlan2, "node1", host_addr(1), PORT)
     try:
@@ -61,7 +69,7 @@ def test_ufw_in_a_host_does_not_touch_the_real_firewall(simlan2, simlan_cluster)
                              timeout=30)
         assert ssh.stdout.strip() == "node1", ssh.stderr  # ssh stays allowed
         assert "Status: active" in simlan2.exec("node1", ["ufw", "status"], check=True).stdout
-        after_rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, timeout=30).stdout
+        after_rules = _real_rules()
         assert after_rules == before_rules
         assert _digest(real_files) == before_files
     finally:
