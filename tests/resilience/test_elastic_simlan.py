@@ -24,9 +24,10 @@ from tests.helpers.playbooks import BIN, REPO, make_shards
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 RUN = "elastic-sim"
-# Run alone on the 2-core machine the last group re-formed from step 1300 (its checkpoint); in a busy suite
-# fewer steps pass during the kills (they wait on timeouts). Steps after that only burn CPU.
-STEPS = 2500
+# Enough steps for node1 to come back (revive, start.yml --limit, torch import, rendezvous) while the group of
+# two trains on: alone on the 2-core machine that group made 2,300 steps in about 27 s, before node1 was back,
+# with 2,500 in all (Nov 27); a busy suite trains slower. Steps after the last group re-forms only burn CPU.
+STEPS = 8000
 
 
 def node_file(cluster, host: str, path: str) -> str:
