@@ -105,9 +105,11 @@ def test_slurm_cluster_from_hosts_without_slurm_runs_a_two_node_job(lab):
 def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
     c, inv = lab["cluster"], lab["inv"]
     t0 = time.monotonic()
+    # queue-a trains long enough (300 steps) to be still running when queue-b is submitted: with 30 it had
+    # sometimes finished already, and queue-b ran at once
     for run_id in ("queue-a", "queue-b"):
         proc = playbook("launch.yml", inventory=inv,
-                        extra={"ddplab_run_id": run_id, "ddplab_trainer_steps": 30}, timeout=600)
+                        extra={"ddplab_run_id": run_id, "ddplab_trainer_steps": 300}, timeout=600)
         assert proc.returncode == 0, tail(proc)
     # queued, not refused (the reason, Resources, shows once slurmctld's next scheduling pass saw the job)
     assert re.search(r"run queue-b is Slurm job \d+ \(pending(, Resources)?\)", proc.stdout), tail(proc)
