@@ -10,18 +10,16 @@ from __future__ import annotations
 
 from trainer.config import command_line, flag_of
 
-# ddplab setting -> the trainer's field it sets, in the order of the command line (--resume comes after
-# --pg-timeout-s: the launch role decides it per run, from ddplab_resume and the run's checkpoints)
-SETTING_FIELD = {"ddplab_trainer_steps": "steps", "ddplab_trainer_depth": "depth",
-                 "ddplab_pg_timeout": "pg_timeout_s", "ddplab_balance": "balance",
-                 "ddplab_elastic": "elastic"}
+# ddplab setting -> the trainer's field it sets, in the order of the command line; --resume (decided by the
+# launch role per run, from ddplab_resume and the run's checkpoints) goes between the two groups
+VALUE_FIELD = {"ddplab_trainer_steps": "steps", "ddplab_trainer_depth": "depth",
+               "ddplab_pg_timeout": "pg_timeout_s"}
+SWITCH_FIELD = {"ddplab_balance": "balance", "ddplab_elastic": "elastic"}
+SETTING_FIELD = {**VALUE_FIELD, **SWITCH_FIELD}
 EXTRA_ARGS = "ddplab_trainer_extra_args"  # appended as given: the user's own trainer flags
 # the setting behind each flag ddplab passes (to name it when the trainer refuses a value)
 FLAG_SETTING = {**{flag_of(field): name for name, field in SETTING_FIELD.items()},
                 "--run-id": "ddplab_run_id", "--threads": "ddplab_threads"}
-
-
-SWITCHES = ("ddplab_balance", "ddplab_elastic")
 TRUE_WORDS = ("yes", "on", "1", "true", "y", "t")  # Ansible's booleans (-e k=v gives strings)
 
 
@@ -33,9 +31,8 @@ def launch_flags(settings: dict, data: str, out: str, run_id: str, resume=False)
     """The trainer's flags for one launch: the run's folders and id, the settings of SETTING_FIELD (as
     Ansible gives them: numbers and switches may be strings), --resume when the launch resumes, then
     ddplab_trainer_extra_args. The thread count is added by launch.sh (the node resolves it)."""
-    values = {"data": data, "out": out, "run_id": run_id}
-    for name, field in SETTING_FIELD.items():
-        values[field] = switch(settings[name]) if name in SWITCHES else int(settings[name])
-        if field == "pg_timeout_s":
-            values["resume"] = switch(resume)
+    values = {"data": data, "out": out, "run_id": run_id,
+              **{field: int(settings[name]) for name, field in VALUE_FIELD.items()},
+              "resume": switch(resume),
+              **{field: switch(settings[name]) for name, field in SWITCH_FIELD.items()}}
     return command_line(values) + [str(a) for a in settings[EXTRA_ARGS]]

@@ -24,6 +24,7 @@ options:
   resume: {description: Whether this launch resumes (--resume)., type: bool, default: false}
 """
 
+
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
