@@ -60,11 +60,15 @@ def launch_facts(spec: dict) -> dict:
             "script_exists": Path(script).is_file() if script else None, "ckpts": ckpts}
 
 
-def tmux_argv(spec: dict) -> list[str]:
+def tmux_argv(spec: dict, replace_dead: bool = False) -> list[str]:
+    """One tmux client for the whole start. A dead session of the same run is killed inside it: killed by
+    a separate client, the last session takes the server down while the next client may already be
+    connecting to it ("server exited unexpectedly"); a server never exits while a client is attached."""
     tmux = spec.get("tmux") or {}
+    replace = ["kill-session", "-t", f"={spec['session']}", ";"] if replace_dead else []
     return ["tmux", "-S", spec["socket"], "-f", "/dev/null", "start-server", ";",
             "set-option", "-g", "history-limit", str(int(tmux.get("history", 200000))), ";",
-            "set-option", "-g", "remain-on-exit", "on", ";",
+            "set-option", "-g", "remain-on-exit", "on", ";", *replace,
             "new-session", "-d", "-s", spec["session"], "-x", str(int(tmux.get("width", 200))),
             "-y", str(int(tmux.get("height", 50))), "-c", spec["cwd"],
             f"/bin/bash {shlex.quote(str(Path(spec['run_dir']) / 'launch.sh'))}"]
@@ -76,9 +80,6 @@ def start_rank(spec: dict) -> dict:
     state = session_state(spec["socket"], spec["session"])
     if state == "live":
         raise RuntimeError(f"run {spec['session']} is still running in tmux; stop it first")
-    if state == "dead":
-        subprocess.run(["tmux", "-S", spec["socket"], "kill-session", "-t", f"={spec['session']}"],
-                       capture_output=True, timeout=10, check=False)
     run_dir = Path(spec["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
     for f in spec.get("files") or []:
@@ -93,7 +94,8 @@ def start_rank(spec: dict) -> dict:
         return {"probe": "start-rank", "started": False, "placed": True, "replaced_dead_session": False,
                 "run_dir": str(run_dir)}
     env = {k: v for k, v in os.environ.items() if k != "TMUX"}  # started from inside tmux: still a new server
-    out = subprocess.run(tmux_argv(spec), capture_output=True, text=True, timeout=30, check=False, env=env)
+    out = subprocess.run(tmux_argv(spec, replace_dead=state == "dead"), capture_output=True, text=True,
+                         timeout=30, check=False, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"tmux did not start the session: {(out.stderr or out.stdout).strip()}")
     return {"probe": "start-rank", "started": True, "replaced_dead_session": state == "dead",

@@ -78,7 +78,7 @@ def test_start_places_the_files_and_runs_the_script_in_tmux(lab):
     (run_dir / "exit_code").write_text("1\n")  # an earlier attempt's marker: removed before the start
     script = 'cd "$(dirname "$0")"; . ./trainer.env; echo "$SECRET $PWD" > seen; echo 0 > exit_code\n'
     rc, out, err = probe("start-rank", start_spec(lab, "r2", script))
-    assert rc == 0, err
+    assert rc == 0, (out, err)
     assert out["started"] and not out["replaced_dead_session"]
     assert stat.S_IMODE((run_dir / "trainer.env").stat().st_mode) == 0o600
     assert stat.S_IMODE((run_dir / "launch.sh").stat().st_mode) == 0o755
@@ -93,13 +93,13 @@ def test_start_places_the_files_and_runs_the_script_in_tmux(lab):
     # starting the same run again replaces the dead session
     (run_dir / "exit_code").unlink()
     rc, out, err = probe("start-rank", start_spec(lab, "r2", script))
-    assert rc == 0 and out["replaced_dead_session"], err
+    assert rc == 0 and out["replaced_dead_session"], (out, err)
     wait_for(run_dir / "exit_code")
 
 
 def test_a_live_session_is_refused_and_left_running(lab):
     rc, out, err = probe("start-rank", start_spec(lab, "r3", "sleep 30\n"))
-    assert rc == 0, err
+    assert rc == 0, (out, err)
     rc, facts, _ = probe("launch-facts", {"socket": lab["socket"], "session": "r3"})
     assert facts["session"] == "live"
     rc, out, _ = probe("start-rank", start_spec(lab, "r3", "echo replaced > replaced\n"))
