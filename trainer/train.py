@@ -382,11 +382,13 @@ def write_json(path: Path, obj) -> None:
     checkpoint.atomic_write(Path(path), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
-def _error_exit(code: int) -> int:
-    """The exit code of a distributed run that stops on an error every rank has reported: leave at once.
-    Tearing the group down while the peers leave too aborts now and then inside gloo ("terminate called
-    without an active exception", exit -6 instead of the code); nothing is left to write (metrics are
-    flushed per line, checkpoints renamed into place)."""
+def _leave(code: int) -> int:
+    """The exit of a distributed run once every rank is done (the final barrier) or has reported the same
+    error: leave at once, without tearing the group down. Destroying it while the peers leave too aborts
+    now and then inside gloo ("terminate called without an active exception", exit -6 instead of the
+    code; seen in CI on finished runs and on errors); exiting closes the sockets all the same, and nothing
+    is left to write (metrics are flushed per line and closed, summaries and checkpoints renamed into
+    place)."""
     if not D.info().is_distributed:
         return code
     sys.stdout.flush()
@@ -401,13 +403,13 @@ def main(argv=None) -> int:
         print(f"ddplab: error: {e}", file=sys.stderr, flush=True)
         return 2
     try:
-        return run(cfg)
+        return _leave(run(cfg))
     except UsageError as e:
         print(f"ddplab: error: {e}", file=sys.stderr, flush=True)
-        return _error_exit(2)
+        return _leave(2)
     except D.RanksDisagree as e:
         print(f"ddplab: error: {e}", file=sys.stderr, flush=True)
-        return _error_exit(3)
+        return _leave(3)
     except Exception as e:
         if not is_comm_failure(e) or not D.info().is_distributed:
             raise
