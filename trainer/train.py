@@ -418,7 +418,6 @@ def main(argv=None) -> int:
         master = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}".strip(":")
         line = lost_peer_line(e, D.info().rank, _PEERS, master)
         print(f"ddplab: error: {line}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)
+        return _leave(1)
     finally:
         D.cleanup()
