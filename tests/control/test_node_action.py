@@ -1,0 +1,97 @@
+"""plugins/action/ddplab_node.py: a command on the node without the command module's wrapper gives the
+command module's answer (rc, stdout and stderr apart, trailing newlines stripped, stdin with a newline,
+chdir, the task's environment, argv quoted, cmd split without a shell, check mode skipped), on the local
+connection and over real SSH to a simulated host (where a missing stdin would bring a terminal that
+merges stderr into stdout)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.playbooks import BIN, REPO
+
+PLAY = textwrap.dedent("""\
+    - hosts: all
+      gather_facts: false
+      tasks:
+        - name: make the folder
+          ddplab_node:
+            argv: [mkdir, -p, "{{ folder }}"]
+          check_mode: false
+
+        - name: argv, stdin, chdir with a space, the task's environment
+          ddplab_node:
+            argv: [/bin/sh, -c, 'read -r x; printf "%s|%s|%s\\n\\n" "$x" "$(pwd)" "$DDPLAB_T"; echo oops >&2']
+            stdin: "{{ word }}"
+            chdir: "{{ folder }}"
+          environment:
+            DDPLAB_T: "a b"
+          register: one
+          check_mode: false
+
+        - name: cmd is split without a shell, an argument with a quote stays one argument
+          ddplab_node:
+            cmd: printf '%s;' "it's one" $HOME
+          register: two
+          check_mode: false
+
+        - name: a non-zero exit fails the task
+          ddplab_node:
+            argv: [/bin/sh, -c, "exit 3"]
+          register: three
+          failed_when: false
+          check_mode: false
+
+        - name: in check mode the command does not run
+          ddplab_node:
+            argv: [touch, "{{ folder }}/ran"]
+          register: four
+
+        - name: hand the results over
+          ansible.builtin.debug:
+            msg: "RESULTS {{ {'one': one, 'two': two, 'three': three, 'four': four} | to_json }}"
+    """)
+
+
+def run_play(tmp_path, inventory: list[str], folder, check: bool) -> dict:
+    (tmp_path / "play.yml").write_text(PLAY)
+    argv = [str(BIN / "ansible-playbook"), str(tmp_path / "play.yml"), *inventory,
+            "-e", json.dumps({"word": "hello world", "folder": str(folder)})] + (["--check"] if check else [])
+    env = {"ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:/usr/bin:/bin"}
+    proc = subprocess.run(argv, cwd=REPO, text=True, capture_output=True, timeout=120,
+                          stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if "RESULTS " in ln)
+    return json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"].removeprefix("RESULTS "))
+
+
+def check_results(res: dict, folder, home: str, exists) -> None:
+    one, two, three, four = res["one"], res["two"], res["three"], res["four"]
+    assert one["rc"] == 0 and one["stdout"] == f"hello world|{folder}|a b", one
+    assert one["stderr"] == "oops" and one["stdout_lines"] == [one["stdout"]], one
+    assert two["stdout"] == f"it's one;{home};" and two["cmd"] == ["printf", "%s;", "it's one", "$HOME"], two
+    assert three["rc"] == 3 and three["failed"] is False and three["msg"] == "non-zero return code", three
+    assert four.get("skipped") is True and not exists(f"{folder}/ran"), four
+
+
+def test_local_connection(tmp_path):
+    folder = tmp_path / "a folder"
+    local = ["-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=/usr/bin/python3"]
+    res = run_play(tmp_path, local, folder, check=True)
+    check_results(res, folder, home="$HOME", exists=lambda p: Path(p).exists())  # cmd: $HOME stays as typed
+
+
+@pytest.mark.simlan
+def test_over_ssh_on_a_simulated_host(simlan2, tmp_path):
+    folder = "/root/ddplab node action/a folder"  # on node1 (its /tmp is its own)
+    try:
+        res = run_play(tmp_path, ["-i", str(simlan2.inventory_dir), "-l", "node1"], folder, check=True)
+        check_results(res, folder, home="$HOME",
+                      exists=lambda p: simlan2.exec("node1", ["test", "-e", p], timeout=30).returncode == 0)
+    finally:
+        simlan2.exec("node1", ["rm", "-rf", "/root/ddplab node action"], timeout=30)
