@@ -2,8 +2,8 @@
 
 Why not ``ansible.builtin.command``: the command module is a Python program that Ansible packs, sends and
 starts on the node for every call (AnsiballZ), and that program then starts the command. Its own start
-costs the node about 0.4 CPU-seconds a call (measured: 20 calls of ``/bin/true`` took 9.9 CPU-s through
-the command module, 1.0 through ``raw``), and a launch makes dozens of such calls per node. Here the
+costs the node about 0.4 CPU-seconds a call (measured: 20 calls of ``/bin/true`` took 9.2-13.4 CPU-s through
+the command module, 1.1-1.2 through ``raw``), and a launch makes dozens of such calls per node. Here the
 command goes through the same path a pipelined module does (the connection, ``become``, the task's
 ``environment``), minus the module: ``/bin/sh -c 'cd CHDIR && ENV=.. ARGV'`` with stdin sent along.
 
