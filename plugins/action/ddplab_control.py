@@ -10,17 +10,30 @@ Arguments (a subset of the command module's, same meaning): ``argv`` (list, requ
 ``stdin``. Returns ``rc``, ``stdout``, ``stderr``, ``stdout_lines``, ``stderr_lines``, ``cmd``,
 ``delta``; fails when rc is not 0 unless the task's ``failed_when`` says otherwise. In check mode it
 is skipped unless the task sets ``check_mode: false`` (as the command module).
+
+Long steps (the transfers: ``ddplab sync-push``, ``ddplab relay``) show their progress while they run:
+with ``progress: true`` the command gets ``--progress FILE`` (a file in a private temporary folder,
+removed afterwards) and rewrites FILE as JSON with a ``line`` (or ``lines``); every ``progress_every``
+seconds the line is printed as ``progress_label: line``, and the last one (what was sent, how fast) when it
+ends; the result's ``progress_lines`` holds that last one. Ansible's default output shows a task only when
+it ends, which is why the transfers used to run as async jobs polled by three tasks a round (a module
+run each on the control host); here one task does it. ``timeout`` (s) stops the command (SIGTERM, then
+SIGKILL) and fails the task.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 
 DOCUMENTATION = """
 name: ddplab_control
@@ -29,14 +42,66 @@ options:
   argv: {type: list, elements: str, required: true, description: The command and its arguments.}
   chdir: {type: path, description: Folder to run in.}
   stdin: {type: str, description: Text written to the command's standard input.}
+  progress: {type: bool, default: false, description: Add --progress FILE and print FILE's line as it runs.}
+  progress_label: {type: str, default: "", description: What the progress lines start with.}
+  progress_every: {type: float, default: 3, description: Seconds between progress lines.}
+  timeout: {type: int, default: 0, description: Stop the command after this many seconds (0 = never).}
 """
+
+display = Display()
+
+STOP_GRACE_S = 5
+
+
+def progress_lines(path: str) -> list[str]:
+    """The line(s) the command last wrote to its progress file; [] before it wrote any."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return []
+    lines = state.get("lines") or ([state["line"]] if state.get("line") else [])
+    return [str(line) for line in lines]
+
+
+def follow(proc: subprocess.Popen, stdin: str, progress: str | None, label: str, every: float,
+           timeout: int) -> tuple[str, str, bool]:
+    """Feed stdin and wait for the end, printing the progress file's lines every `every` s.
+    Returns (stdout, stderr, whether the timeout stopped it)."""
+    deadline = time.monotonic() + timeout if timeout > 0 else None
+    feed: str | None = stdin
+    while True:
+        wait = every if progress else None
+        if deadline is not None:
+            left = max(deadline - time.monotonic(), 0.0)
+            wait = left if wait is None else min(wait, left)
+        try:
+            out, err = proc.communicate(feed, timeout=wait)
+            return out, err, False
+        except subprocess.TimeoutExpired:
+            feed = None  # communicate() sent it already; a later call must not send it again
+        if deadline is not None and time.monotonic() >= deadline:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            return out, err, True
+        show(progress_lines(progress), label)
+
+
+def show(lines: list[str], label: str) -> None:
+    for line in lines:
+        display.display(f"{label}: {line}" if label else line)
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
     _supports_check_mode = True
-    _VALID_ARGS = frozenset(("argv", "chdir", "stdin"))
+    _VALID_ARGS = frozenset(("argv", "chdir", "stdin", "progress", "progress_label", "progress_every",
+                             "timeout"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -44,6 +109,10 @@ class ActionModule(ActionBase):
             "argv": {"type": "list", "elements": "str", "required": True},
             "chdir": {"type": "path"},
             "stdin": {"type": "str"},
+            "progress": {"type": "bool", "default": False},
+            "progress_label": {"type": "str", "default": ""},
+            "progress_every": {"type": "float", "default": 3.0},
+            "timeout": {"type": "int", "default": 0},
         })
         if self._play_context.check_mode:
             result.update(skipped=True, msg="skipped in check mode (set check_mode: false to run it)")
@@ -54,18 +123,35 @@ class ActionModule(ActionBase):
         chdir = args.get("chdir")
         if chdir and not os.path.isdir(chdir):
             raise AnsibleActionFail(f"ddplab_control: chdir {chdir} is not a folder")
-        stdin = args.get("stdin")
+        folder = tempfile.mkdtemp(prefix="ddplab-progress-") if args["progress"] else None
+        progress = os.path.join(folder, "progress.json") if folder else None
         start = time.monotonic()
         try:
-            proc = subprocess.run(argv, cwd=chdir, input=stdin if stdin is not None else "",
-                                  capture_output=True, text=True, check=False)
-        except OSError as e:
-            raise AnsibleActionFail(f"ddplab_control: cannot run {argv[0]}: {e}") from None
-        out, err = proc.stdout.rstrip("\n"), proc.stderr.rstrip("\n")
+            try:
+                proc = subprocess.Popen(argv + (["--progress", progress] if progress else []), cwd=chdir,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+            except OSError as e:
+                raise AnsibleActionFail(f"ddplab_control: cannot run {argv[0]}: {e}") from None
+            with proc:
+                out, err, timed_out = follow(proc, args.get("stdin") or "", progress, args["progress_label"],
+                                             max(args["progress_every"], 0.1), args["timeout"])
+            last = progress_lines(progress) if progress else []
+            show(last, args["progress_label"])  # the final line: what was sent, how fast
+        finally:
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
+        out, err = out.rstrip("\n"), err.rstrip("\n")
+        if timed_out:
+            stopped = f"ddplab: error: {argv[0]} was stopped after {args['timeout']} s"
+            err = f"{err}\n{stopped}" if err else stopped
+        rc = proc.returncode
         result.update(
-            cmd=argv, rc=proc.returncode, stdout=out, stderr=err, stdout_lines=out.splitlines(),
+            cmd=argv, rc=rc, stdout=out, stderr=err, stdout_lines=out.splitlines(),
             stderr_lines=err.splitlines(), delta=f"{time.monotonic() - start:.3f}", changed=True,
-            failed=proc.returncode != 0)
-        if proc.returncode != 0:
+            failed=rc != 0)
+        if progress:
+            result["progress_lines"] = last
+        if rc != 0:
             result["msg"] = "non-zero return code"
         return result

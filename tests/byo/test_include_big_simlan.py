@@ -22,8 +22,8 @@ def git(cwd, *args):
 
 
 def sent(proc) -> dict[str, str]:
-    """Each node's last progress line of the code transfer (roles/code_sync/tasks/push_poll.yml)."""
-    return dict(re.findall(r'ok: \[(node\d)\] => \{\s+"msg": "code: (sent [^"]+)"', proc.stdout))
+    """Each node's last progress line of the code transfer (roles/code_sync/tasks/push.yml)."""
+    return dict(re.findall(r"^code to (node\d): (sent .+)$", proc.stdout, re.MULTILINE))
 
 
 def inodes(cluster, host, folder) -> dict[str, str]:

@@ -27,9 +27,8 @@ ABS_DIR = "/root/ddplab/abs-small"  # an absolute dest
 
 
 def sent(proc, label) -> dict[str, str]:
-    """Each node's last progress line of the transfer of one folder (roles/code_sync/tasks/push_poll.yml)."""
-    pattern = rf'ok: \[(node\d)\] => \{{\s+"msg": "{re.escape(label)}: (sent [^"]+)"'
-    return dict(re.findall(pattern, proc.stdout))
+    """Each node's last progress line of the transfer of one folder (roles/code_sync/tasks/push.yml)."""
+    return dict(re.findall(rf"^{re.escape(label)} to (node\d): (sent .+)$", proc.stdout, re.MULTILINE))
 
 
 def inodes(cluster, host) -> dict[str, str]:
