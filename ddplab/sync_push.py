@@ -1,8 +1,8 @@
 """``python -m ddplab sync-push --progress FILE < SPEC``: send files to one node with rsync, with progress.
 
-roles/code_sync runs it on the control host (one ddplab_control task per node, plugins/action/ddplab_control.py) for the files whose hash differs on the
-node (the code, its ddplab_code_include data, each ddplab_sync_dirs folder) and shows FILE's ``line`` on
-every poll: one rsync per source folder, the bytes of all of them counted together.
+roles/code_sync runs it on the control host (one ddplab_control task per node) for the files whose hash
+differs on the node (the code, its ddplab_code_include data, each ddplab_sync_dirs folder) and shows FILE's
+``line`` on every poll: one rsync per source folder, the bytes of all of them counted together.
 
 SPEC (JSON on stdin)::
 
