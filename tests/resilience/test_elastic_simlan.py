@@ -58,7 +58,7 @@ def test_the_run_survives_a_worker_and_then_the_master(simlan_cluster, tmp_path)
              "ddplab_runs_dir": str(tmp_path / "runs"), "ddplab_run_id": RUN, "ddplab_wait": True,
              "ddplab_elastic": True, "ddplab_elastic_min_nodes": 1,
              "ddplab_threads": 1, "ddplab_trainer_steps": STEPS, "ddplab_trainer_depth": 1,
-             "ddplab_pg_timeout": 20, "ddplab_wait_poll": 3,
+             "ddplab_pg_timeout": 20, "ddplab_wait_poll": 10,
              "ddplab_trainer_extra_args": ["--seq-len", "32", "--batch-size", "4", "--log-every", "50",
                                            "--ckpt-every", "100", "--ckpt-keep", "3", "--check-every", "100",
                                            "--straggler-every", "0"]}
