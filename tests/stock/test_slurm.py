@@ -106,10 +106,11 @@ def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
     c, inv = lab["cluster"], lab["inv"]
     t0 = time.monotonic()
     # queue-a trains long enough (300 steps) to be still running when queue-b is submitted: with 30 it had
-    # sometimes finished already, and queue-b ran at once
-    for run_id in ("queue-a", "queue-b"):
+    # sometimes finished already, and queue-b ran at once. queue-b's length does not matter: queue-c is
+    # submitted while queue-a still holds the nodes.
+    for run_id, steps in (("queue-a", 300), ("queue-b", 30)):
         proc = playbook("launch.yml", inventory=inv,
-                        extra={"ddplab_run_id": run_id, "ddplab_trainer_steps": 300}, timeout=600)
+                        extra={"ddplab_run_id": run_id, "ddplab_trainer_steps": steps}, timeout=600)
         assert proc.returncode == 0, tail(proc)
     # queued, not refused (the reason, Resources, shows once slurmctld's next scheduling pass saw the job)
     assert re.search(r"run queue-b is Slurm job \d+ \(pending(, Resources)?\)", proc.stdout), tail(proc)
