@@ -106,8 +106,8 @@ def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
     c, inv = lab["cluster"], lab["inv"]
     t0 = time.monotonic()
     # queue-a trains long enough (300 steps) to be still running when queue-b is submitted: with 30 it had
-    # sometimes finished already, and queue-b ran at once. queue-b's length does not matter: queue-c is
-    # submitted while queue-a still holds the nodes.
+    # sometimes finished already, and queue-b ran at once. queue-b's own length proves nothing (queue-c
+    # waits for it, or finds it done): 30 steps.
     for run_id, steps in (("queue-a", 300), ("queue-b", 30)):
         proc = playbook("launch.yml", inventory=inv,
                         extra={"ddplab_run_id": run_id, "ddplab_trainer_steps": steps}, timeout=600)
