@@ -97,11 +97,24 @@ def test_the_cli_refuses_local_sgd_without_permission_in_one_line():
 # --- the sync on a real 2-rank gloo group -----------------------------------------------------------
 
 
-def _worker(rank, port, outer_lr, outer_momentum, wire, q, overlap=False):
-    """Blocking: syncs after steps 3 and 6. Overlapped: sync points after steps 2, 4 and 6 start a sync,
-    the one after 8 (the end) lands it and agrees."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
+# Every sync the tests below check, run by one pair of ranks (each rank a process that imports torch: one
+# pair for all of them, not one per test): name -> (outer_lr, outer_momentum, wire, overlap).
+SCENARIOS = {
+    "overlap-plain": (1.0, 0.0, "fp32", True),
+    "overlap-nesterov": (0.7, 0.9, "fp32", True),
+    "plain": (1.0, 0.0, "fp32", False),
+    "nesterov": (0.7, 0.9, "fp32", False),
+    "nesterov-bf16": (0.7, 0.9, "bf16", False),
+    "nesterov-fp16": (0.7, 0.9, "fp16", False),
+    "plain-bf16": (1.0, 0.0, "bf16", False),
+    "plain-int8": (1.0, 0.0, "int8", False),
+}
+
+
+def _scenario(outer_lr, outer_momentum, wire, overlap) -> list[dict]:
+    """One rank's run from the same model. Blocking: syncs after steps 3 and 6. Overlapped: sync points
+    after steps 2, 4 and 6 start a sync, the one after 8 (the end) lands it and agrees."""
+    rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -121,34 +134,40 @@ def _worker(rank, port, outer_lr, outer_momentum, wire, q, overlap=False):
             out.append({"before": before, "after": [p.detach().clone() for p in model.parameters()],
                         "sha_before": sha_before, "sha_after": param_sha256(model),
                         "bytes": info["sync_bytes"]})
+    return out
+
+
+def _worker(rank, port, q):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    out = {name: _scenario(*args) for name, args in SCENARIOS.items()}
     buf = io.BytesIO()  # as bytes: a queued tensor's shared memory is gone once this process exits
     torch.save(out, buf)
     q.put((rank, buf.getvalue()))
     dist.destroy_process_group()
 
 
-def _overlap_worker(rank, port, outer_lr, outer_momentum, wire, q):
-    _worker(rank, port, outer_lr, outer_momentum, wire, q, overlap=True)
-
-
-def _two_ranks(outer_lr, outer_momentum, wire="fp32", worker=_worker):
+@pytest.fixture(scope="module")
+def synced() -> dict[str, tuple[list[dict], list[dict]]]:
+    """name -> (rank 0's syncs, rank 1's syncs) for every scenario, from one 2-rank gloo group."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, outer_lr, outer_momentum, wire, q)) for r in (0, 1)]
+    procs = [ctx.Process(target=_worker, args=(r, port, q)) for r in (0, 1)]
     for p in procs:
         p.start()
-    got = {r: torch.load(io.BytesIO(b)) for r, b in (q.get(timeout=90) for _ in procs)}
+    got = {r: torch.load(io.BytesIO(b)) for r, b in (q.get(timeout=120) for _ in procs)}
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
-    return got[0], got[1]
+    return {name: (got[0][name], got[1][name]) for name in SCENARIOS}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("outer_lr, outer_momentum", [(1.0, 0.0), (0.7, 0.9)])
-def test_an_overlapped_sync_lands_one_sync_late_and_keeps_each_ranks_progress(outer_lr, outer_momentum):
-    r0, r1 = _two_ranks(outer_lr, outer_momentum, worker=_overlap_worker)
+@pytest.mark.parametrize("name", ["overlap-plain", "overlap-nesterov"])
+def test_an_overlapped_sync_lands_one_sync_late_and_keeps_each_ranks_progress(synced, name):
+    r0, r1 = synced[name]
+    outer_lr, outer_momentum, _, _ = SCENARIOS[name]
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     anchor, buf = [p.detach().clone() for p in m.parameters()], None
@@ -190,8 +209,8 @@ def test_an_overlapped_sync_lands_one_sync_late_and_keeps_each_ranks_progress(ou
 
 
 @pytest.mark.slow
-def test_plain_local_sgd_is_the_average_of_the_ranks_parameters_bit_for_bit():
-    r0, r1 = _two_ranks(1.0, 0.0)
+def test_plain_local_sgd_is_the_average_of_the_ranks_parameters_bit_for_bit(synced):
+    r0, r1 = synced["plain"]
     assert len(r0) == 2  # syncs after steps 3 and 6
     numel = sum(t.numel() for t in r0[0]["before"])
     for s0, s1 in zip(r0, r1, strict=True):
@@ -203,9 +222,9 @@ def test_plain_local_sgd_is_the_average_of_the_ranks_parameters_bit_for_bit():
 
 
 @pytest.mark.slow
-def test_diloco_outer_step_is_nesterov_sgd_on_the_mean_delta():
-    lr, mu = 0.7, 0.9
-    r0, r1 = _two_ranks(lr, mu)
+def test_diloco_outer_step_is_nesterov_sgd_on_the_mean_delta(synced):
+    lr, mu, _, _ = SCENARIOS["nesterov"]
+    r0, r1 = synced["nesterov"]
     _check_nesterov_by_hand(r0, r1, lr, mu, lambda a, b: a / 2 + b / 2)
 
 
@@ -234,15 +253,15 @@ def _mean_in_16_bits(a, b, dtype):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("wire, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
-def test_a_16_bit_sync_sends_half_the_bytes_and_every_rank_applies_the_same_mean(wire, dtype):
-    lr, mu = 0.7, 0.9
-    r0, r1 = _two_ranks(lr, mu, wire)
+def test_a_16_bit_sync_sends_half_the_bytes_and_every_rank_applies_the_same_mean(synced, wire, dtype):
+    lr, mu, _, _ = SCENARIOS[f"nesterov-{wire}"]
+    r0, r1 = synced[f"nesterov-{wire}"]
     _check_nesterov_by_hand(r0, r1, lr, mu, lambda a, b: _mean_in_16_bits(a, b, dtype), nbytes=2)
 
 
 @pytest.mark.slow
-def test_plain_averaging_in_bf16_moves_the_anchor_by_the_rounded_mean_change():
-    r0, r1 = _two_ranks(1.0, 0.0, "bf16")
+def test_plain_averaging_in_bf16_moves_the_anchor_by_the_rounded_mean_change(synced):
+    r0, r1 = synced["plain-bf16"]
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     anchor = [p.detach().clone() for p in m.parameters()]
@@ -259,10 +278,10 @@ def test_plain_averaging_in_bf16_moves_the_anchor_by_the_rounded_mean_change():
 
 
 @pytest.mark.slow
-def test_a_quantized_sync_applies_the_decoded_mean_on_every_rank_bit_for_bit():
+def test_a_quantized_sync_applies_the_decoded_mean_on_every_rank_bit_for_bit(synced):
     wire = "int8"  # int4 differs only in the codec (tests/trainer/test_quant_wire.py)
     bits = quant_wire.BITS[wire]
-    r0, r1 = _two_ranks(1.0, 0.0, wire)
+    r0, r1 = synced[f"plain-{wire}"]
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     anchor = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
