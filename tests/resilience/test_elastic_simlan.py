@@ -52,7 +52,7 @@ def wait_until(what: str, check, timeout: float, proc: subprocess.Popen):
     pytest.fail(f"not within {timeout} s: {what}")
 
 
-def test_the_run_survives_a_worker_and_then_the_master(simlan_cluster, tmp_path):
+def test_the_run_survives_a_worker_and_then_the_master(simlan_cluster, tmp_path, record_property):
     cluster = simlan_cluster(3)
     extra = {"ddplab_data_dir": str(make_shards(tmp_path / "shards")),
              "ddplab_runs_dir": str(tmp_path / "runs"), "ddplab_run_id": RUN, "ddplab_wait": True,
@@ -90,7 +90,10 @@ def test_the_run_survives_a_worker_and_then_the_master(simlan_cluster, tmp_path)
             proc.kill()
             proc.communicate()
     history = membership(cluster, "node2")
-    print(f"\n[elastic] groups (nodes, resumed_step): {[(g['nodes'], g['resumed_step']) for g in history]}")
+    groups_seen = [(g["nodes"], g["resumed_step"]) for g in history]
+    print(f"\n[elastic] groups (nodes, resumed_step): {groups_seen}")
+    # in the junit XML of every CI run: how many of STEPS the rejoin took, the margin STEPS is chosen by
+    record_property("groups", json.dumps(groups_seen))
     assert proc.returncode == 0, out[-6000:]
     groups = [g["nodes"] for g in history]
     assert groups == [["node0", "node1", "node2"], ["node0", "node2"], ["node0", "node1", "node2"],

@@ -134,7 +134,7 @@ def test_the_master_node_is_lost_and_the_other_two_finish(small_shards, tmp_path
     check_reformed(res, small_shards, tmp_path)
 
 
-def test_a_lost_node_that_comes_back_joins_the_next_group(small_shards, tmp_path):
+def test_a_lost_node_that_comes_back_joins_the_next_group(small_shards, tmp_path, record_property):
     """Node 2 is killed at step 130 (checkpoints every 100), the other two go on from step 100; node 2 is
     started again with its old --out: the group re-forms with 3, node 2 receives the newest checkpoint
     and every node finishes."""
@@ -162,6 +162,8 @@ def test_a_lost_node_that_comes_back_joins_the_next_group(small_shards, tmp_path
     assert two["world_size"] == 2 and victim.name not in two["nodes"] and two["resumed_step"] == ckpt
     assert three["event"] == "reform" and three["world_size"] == 3 and victim.name in three["nodes"]
     assert three["resumed_step"] >= ckpt
+    # in the junit XML of every CI run: the step the group of three re-formed at, the margin `steps` needs
+    record_property("rejoined_at_step", three["resumed_step"])
     assert back.membership()[-1] == three | {"time": back.membership()[-1]["time"]}  # the same group
     master = next(a for a in [*survivors, back] if rank_of(a) == 0)
     assert f"{victim.name} joined; resuming at step {three['resumed_step']}" in master.text()
