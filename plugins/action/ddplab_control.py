@@ -12,20 +12,20 @@ Arguments (a subset of the command module's, same meaning): ``argv`` (list, requ
 is skipped unless the task sets ``check_mode: false`` (as the command module).
 
 Long steps (the transfers: ``ddplab sync-push``, ``ddplab relay``) show their progress while they run:
-with ``progress: true`` the command gets ``--progress FILE`` (a file in a private temporary folder,
-removed afterwards) and rewrites FILE as JSON with a ``line`` (or ``lines``); every ``progress_every``
-seconds the line is printed as ``progress_label: line``, and the last one (what was sent, how fast) when it
-ends; the result's ``progress_lines`` holds that last one. Ansible's default output shows a task only when
-it ends, which is why the transfers used to run as async jobs polled by three tasks a round (a module
-run each on the control host); here one task does it. ``timeout`` (s) stops the command (SIGTERM, then
-SIGKILL) and fails the task.
+with ``progress: true`` the command gets ``--progress FILE`` (a file in a private temporary folder; FILE
+and the folder are removed afterwards, anything else put there is left) and rewrites FILE as JSON with a
+``line`` (or ``lines``); every ``progress_every`` seconds the line is printed as ``progress_label: line``,
+and the last one (what was sent, how fast) when it ends; the result's ``progress_lines`` holds that last
+one. Ansible's default output shows a task only when it ends, which is why the transfers used to run as
+async jobs polled by three tasks a round (a module run each on the control host); here one task does it.
+``timeout`` (s) stops the command (SIGTERM, then SIGKILL) and fails the task.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -91,6 +91,16 @@ def follow(proc: subprocess.Popen, stdin: str, progress: str | None, label: str,
         show(progress_lines(progress), label)
 
 
+def forget(folder: str, progress: str) -> None:
+    """Remove the progress file (and the .tmp its writer renames from) and the folder made for it; anything
+    else found there is not ours to delete, so the folder then stays."""
+    for path in (progress, f"{progress}.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+
+
 def show(lines: list[str], label: str) -> None:
     for line in lines:
         display.display(f"{label}: {line}" if label else line)
@@ -140,7 +150,7 @@ class ActionModule(ActionBase):
             show(last, args["progress_label"])  # the final line: what was sent, how fast
         finally:
             if folder:
-                shutil.rmtree(folder, ignore_errors=True)
+                forget(folder, progress)
         out, err = out.rstrip("\n"), err.rstrip("\n")
         if timed_out:
             stopped = f"ddplab: error: {argv[0]} was stopped after {args['timeout']} s"

@@ -1,15 +1,18 @@
 """plugins/action/ddplab_control.py: a control-side step run from Ansible's worker. A long step shows its
 progress file's line while it runs and its last line when it ends (the transfers of roles/code_sync), the
-progress file lives in a private folder that is gone afterwards, stdin reaches the command once, and a
-step that outlives its timeout is stopped and fails the task."""
+progress file lives in a private folder that is gone afterwards (a file ddplab did not place there stays,
+and so does the folder), stdin reaches the command once, and a step that outlives its timeout is stopped
+and fails the task."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from tests.helpers.playbooks import BIN, REPO
 
@@ -19,6 +22,8 @@ STEP = textwrap.dedent("""\
     spec = json.loads(sys.stdin.read())
     path = sys.argv[sys.argv.index("--progress") + 1]
     open(spec["seen"], "w").write(os.path.dirname(path))
+    if spec.get("own"):  # a file ddplab did not place, beside the progress file
+        open(os.path.join(os.path.dirname(path), "own.txt"), "w").write(spec["own"])
     for i in range(spec["rounds"]):
         with open(path + ".tmp", "w") as f:
             json.dump({"state": "running", "line": f"round {i}"}, f)
@@ -51,6 +56,12 @@ PLAY = textwrap.dedent("""\
           register: stopped
           failed_when: false
 
+        - name: a step that leaves a file of its own in the progress folder
+          ddplab_control:
+            argv: ["{{ python }}", "{{ step }}"]
+            stdin: "{{ {'rounds': 0, 'seen': seen ~ '.3', 'own': 'keep me'} | to_json }}"
+            progress: true
+
         - name: hand the results over
           ansible.builtin.debug:
             msg: "RESULTS {{ {'done': done, 'stopped': stopped} | to_json }}"
@@ -79,6 +90,11 @@ def test_progress_lines_while_it_runs_the_last_at_the_end_and_the_timeout(tmp_pa
     folders = [seen.read_text(), (tmp_path / "seen.2").read_text()]
     assert all(f.startswith("/tmp/ddplab-progress-") for f in folders), folders
     assert not any(os.path.exists(f) for f in folders)  # the private folders are gone
+    kept = (tmp_path / "seen.3").read_text()  # only the progress file went: the folder and own.txt stay
+    try:
+        assert sorted(os.listdir(kept)) == ["own.txt"] and Path(kept, "own.txt").read_text() == "keep me"
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
     assert stopped["rc"] != 0 and stopped["failed"] is False, stopped
     assert stopped["stderr"].endswith(f"ddplab: error: {sys.executable} was stopped after 1 s"), stopped
     assert len(stopped["progress_lines"]) == 1 and stopped["progress_lines"][0].startswith("round "), stopped
