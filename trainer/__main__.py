@@ -2,6 +2,8 @@
 
 `python -m trainer --check-args ARGS...` validates ARGS without importing torch: exit 0 silently when
 they are valid, else exit 2 with one `ddplab: error: trainer argument ...` line.
+
+The flags are read before torch is imported (about 2 CPU-seconds): `--help` and a bad flag answer at once.
 """
 
 import sys
@@ -14,6 +16,13 @@ if __name__ == "__main__":
         if problem:
             print(f"ddplab: error: {problem}", file=sys.stderr)
         sys.exit(2 if problem else 0)
+    from trainer.config import UsageError, parse_config
+
+    try:
+        parse_config(sys.argv[1:])
+    except UsageError as e:
+        print(f"ddplab: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     from trainer.train import main
 
     sys.exit(main())

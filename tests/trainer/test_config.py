@@ -103,6 +103,22 @@ def test_check_args_cli_needs_no_torch_and_exits_2_with_one_line():
                                        "least 1"]
 
 
+
+@pytest.mark.parametrize("argv, code, out", [
+    (["--help"], 0, "usage:"),
+    ([*BASE, "--steps", "many"], 2, "ddplab: error: argument --steps: invalid int value: 'many'"),
+    ([*BASE, "--n-embd", "100", "--n-head", "3"], 2, "ddplab: error: --n-embd 100 is not divisible"),
+])
+def test_help_and_bad_flags_answer_before_torch_is_imported(argv, code, out):
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['trainer', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('trainer', run_name='__main__')\n"
+             "except SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules, file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", probe, *map(str, argv)], cwd=REPO, env=env(),
+                       capture_output=True, text=True, timeout=60)
+    assert out in p.stdout + p.stderr
+    assert p.stderr.splitlines()[-1] == f"exit {code} False", p.stderr
+
 def test_command_line_spells_each_field_as_the_parser_reads_it():
     """What the launcher passes (ddplab/trainer_flags.py) parses back to the same values with the trainer's
     own parser; a switch appears only when it differs from its default; an unknown field is refused."""
