@@ -53,6 +53,8 @@ from simlan.system import cmdline, missing_requirements  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["tests.helpers.cpu_profile"]  # DDPLAB_TEST_CPU=DIR: CPU seconds per test
+
 LEFTOVER_WAIT_S = 300
 
 
