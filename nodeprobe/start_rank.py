@@ -25,12 +25,21 @@ from nodeprobe.place_files import write_file
 from nodeprobe.spec import SpecError, read_spec  # noqa: F401 (SpecError: callers catch it here)
 
 
-def cpu_count() -> int:
-    """CPUs this process may run on (as `nproc`: the affinity mask, not the machine's total)."""
+def cpu_set() -> list[int]:
+    """The CPUs this process may run on (as `nproc`: the affinity mask, not the machine's total)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def machine_id() -> str:
+    """The running kernel's boot id: one for every container and namespace of a machine, another on each
+    machine and VM ("" where there is none), so hosts that share CPUs are told apart from hosts that don't."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 def session_state(socket: str, session: str) -> str:
@@ -55,8 +64,9 @@ def launch_facts(spec: dict) -> dict:
     script = str(spec.get("script") or "")
     ckpt_dir = Path(spec["ckpt_dir"]) if spec.get("ckpt_dir") else None
     ckpts = sorted(p.name for p in ckpt_dir.glob("step_*.pt")) if ckpt_dir and ckpt_dir.is_dir() else []
-    return {"probe": "launch-facts", "python": python, "nproc": cpu_count(),
-            "session": session_state(spec["socket"], spec["session"]),
+    cpus = cpu_set()
+    return {"probe": "launch-facts", "python": python, "nproc": len(cpus), "cpus": cpus,
+            "machine": machine_id(), "session": session_state(spec["socket"], spec["session"]),
             "script_exists": Path(script).is_file() if script else None, "ckpts": ckpts}
 
 

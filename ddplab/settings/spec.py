@@ -112,7 +112,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Built-in trainer: --balance, each rank's share of the global batch follows its measured speed "
             "(nodes of unequal speed finish each step together; the update equals the uniform one)."),
     Setting("ddplab_threads", "int", 0,
-            "Torch threads per rank (OMP/MKL_NUM_THREADS); 0 = the node's CPU count / ranks per node.",
+            "Torch threads per rank (OMP/MKL_NUM_THREADS); 0 = the node's CPUs / the ranks that share them "
+            "(hosts on one machine, such as simulated hosts, share its CPUs).",
             min=0, per_host=True),
     Setting("ddplab_rdzv_timeout", "int", 60,
             "Seconds every node has to join torchrun's static rendezvous (torchrun's own default is 600).",
@@ -223,7 +224,7 @@ SETTINGS: tuple[Setting, ...] = (
             example={"NANOCHAT_BASE_DIR": "/data/nanochat", "PET_LOG_DIR": "torchrun-logs"}),
     Setting("ddplab_nproc_per_node", "int", 1,
             "torchrun ranks on the node; may differ per host (a desktop 2, a laptop 1): the world size is "
-            "the sum, and each rank's threads default to the node's CPUs / its ranks.",
+            "the sum, and each rank's threads default to the node's CPUs / the ranks that share them.",
             section=CODE, min=1, max=1024, per_host=True),
     Setting("ddplab_collect_globs", "list", [],
             "Files your code writes, relative to the ranks' working folder on the node (ddplab_workdir; ** "

@@ -61,7 +61,9 @@ def test_facts_of_an_unstarted_run(lab):
                                           "script": str(lab["root"] / "code" / "train.py")})
     assert rc == 0
     assert facts["python"] == sys.executable
-    assert facts["nproc"] == len(os.sched_getaffinity(0))
+    assert facts["nproc"] == len(os.sched_getaffinity(0)) == len(facts["cpus"])
+    assert facts["cpus"] == sorted(os.sched_getaffinity(0))
+    assert facts["machine"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip() != ""
     assert facts["session"] == "none" and facts["script_exists"] is False
     assert facts["ckpts"] == ["step_000010.pt"]
 
