@@ -5,9 +5,9 @@ The hosts are the ones test_stock_ddplab.py prepared, with ufw installed and ina
 modules run (`make test`, tests/stock/conftest.py); bare ones when this module runs alone.
 
 One cluster serves the module, in order: slurm.yml on hosts without Slurm (then changed=0, and --check --diff
-changed=0), a 2-node run through sbatch to the end with a rank on each node, two runs submitted back to
-back (the second queues, then runs), the script `python -m ddplab export sbatch` writes, submitted with
-sbatch. Times are printed (`pytest -s`)."""
+changed=0), a 2-node run through sbatch to the end with a rank on each node, two runs submitted while another
+user's job holds the nodes (both queue, then run one after the other), the script `python -m ddplab export
+sbatch` writes, submitted with sbatch. Times are printed (`pytest -s`)."""
 
 from __future__ import annotations
 
@@ -103,17 +103,24 @@ def test_slurm_cluster_from_hosts_without_slurm_runs_a_two_node_job(lab):
 
 
 def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
+    """Another user's job holds both nodes (a shared cluster): both runs are queued behind it, not refused,
+    and run one after the other once it ends. The job holds the nodes until it is cancelled, so no run has
+    to train long enough to still be running when the next is submitted (queue-a used to train 300 steps
+    for that, and with 30 it had sometimes finished already)."""
     c, inv = lab["cluster"], lab["inv"]
     t0 = time.monotonic()
-    # queue-a trains long enough (300 steps) to be still running when queue-b is submitted: with 30 it had
-    # sometimes finished already, and queue-b ran at once. queue-b's own length proves nothing (queue-c
-    # waits for it, or finds it done): 30 steps.
-    for run_id, steps in (("queue-a", 300), ("queue-b", 30)):
-        proc = playbook("launch.yml", inventory=inv,
-                        extra={"ddplab_run_id": run_id, "ddplab_trainer_steps": steps}, timeout=600)
-        assert proc.returncode == 0, tail(proc)
-    # queued, not refused (the reason, Resources, shows once slurmctld's next scheduling pass saw the job)
-    assert re.search(r"run queue-b is Slurm job \d+ \(pending(, Resources)?\)", proc.stdout), tail(proc)
+    other = on_master(c, "sbatch --parsable --exclusive -N 2 --job-name=other-user --chdir=/tmp "
+                      "--output=/dev/null --wrap 'sleep 900'").strip()
+    try:
+        for run_id in ("queue-a", "queue-b"):
+            proc = playbook("launch.yml", inventory=inv,
+                            extra={"ddplab_run_id": run_id, "ddplab_trainer_steps": 30}, timeout=600)
+            assert proc.returncode == 0, tail(proc)
+            # queued, not refused (the reason shows once slurmctld's next scheduling pass saw the job)
+            pending = rf"run {run_id} is Slurm job \d+ \(pending(, (Resources|Priority))?\)"
+            assert re.search(pending, proc.stdout), tail(proc)
+    finally:
+        on_master(c, f"scancel {other}")
     done = playbook("launch.yml", inventory=inv, extra={"ddplab_run_id": "queue-c", "ddplab_trainer_steps": 1,
                                                        "ddplab_wait": "true"}, timeout=900)
     assert done.returncode == 0, tail(done)
@@ -121,8 +128,8 @@ def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
     jobs = {r[0]: r[1:] for r in rows}
     spans = [f"{n} {s[0]} {s[1][11:]}..{s[2][11:]}" for n, s in sorted(jobs.items())
              if n.startswith("ddplab-queue")]
-    print(f"\nslurm: three runs submitted back to back, all done in {time.monotonic() - t0:.0f} s: "
-          + "; ".join(spans))
+    print(f"\nslurm: two runs queued behind another user's job, and a third, all done in "
+          f"{time.monotonic() - t0:.0f} s: " + "; ".join(spans))
     a, b, c_ = jobs["ddplab-queue-a"], jobs["ddplab-queue-b"], jobs["ddplab-queue-c"]
     assert a[0] == b[0] == c_[0] == "COMPLETED", rows
     assert a[2] <= b[1] and b[2] <= c_[1], rows  # one after the other
