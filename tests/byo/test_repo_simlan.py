@@ -72,7 +72,9 @@ def node_text(cluster, host, path):
 @pytest.fixture(scope="module")
 def first_run(simlan_cluster, lab):
     cluster = simlan_cluster(2, fresh=True)
-    return cluster, launch(cluster, lab, "tiny-1")
+    yield cluster, launch(cluster, lab, "tiny-1")
+    # ufw enabled, lab folders written: the next module gets fresh hosts, also when a test here failed
+    simlan_cluster.discard()
 
 
 def test_the_repository_trains_across_two_hosts_from_its_folder(first_run, lab, repo):
@@ -137,15 +139,12 @@ def test_a_changed_data_file_fails_preflight_naming_the_node(first_run, lab):
     assert fixed.returncode == 0, tail(fixed)
 
 
-def test_the_run_folder_as_working_directory_fails_and_says_why(first_run, lab, simlan_cluster):
+def test_the_run_folder_as_working_directory_fails_and_says_why(first_run, lab):
     cluster, first = first_run
     assert first.returncode == 0, tail(first)
-    try:
-        proc = launch(cluster, lab, "tiny-run-dir", ddplab_workdir="run")
-        assert proc.returncode != 0
-        out = proc.stdout + proc.stderr
-        want = "FileNotFoundError: [Errno 2] No such file or directory: 'configurator.py' (train.py:"
-        assert f"ddplab: error: rank 0 on node0 exited with code 1: {want}" in out, tail(proc)
-        assert f"ddplab: error: rank 1 on node1 exited with code 1: {want}" in out
-    finally:
-        simlan_cluster.discard()  # ufw enabled, lab folders written: the next module gets fresh hosts
+    proc = launch(cluster, lab, "tiny-run-dir", ddplab_workdir="run")
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    want = "FileNotFoundError: [Errno 2] No such file or directory: 'configurator.py' (train.py:"
+    assert f"ddplab: error: rank 0 on node0 exited with code 1: {want}" in out, tail(proc)
+    assert f"ddplab: error: rank 1 on node1 exited with code 1: {want}" in out
