@@ -1,7 +1,6 @@
 """`python -m ddplab settings [--write]`: the files derived from the spec, so they cannot drift from it.
 
 - roles/ddplab/defaults/main.yml: the run-wide defaults (every play lists role ddplab first);
-- roles/ddplab/meta/argument_specs.yml: the same names for Ansible's own argument validation;
 - inventory/example/group_vars/all/{ddplab,code}.yml: every setting, commented, as documentation.
 
 Without --write it exits 1 and names each file that differs from what the spec produces.
@@ -53,28 +52,6 @@ def defaults_yml() -> str:
     return "\n".join(lines) + "\n"
 
 
-def argument_specs_yml() -> str:
-    # Under the `facts` entry point (the role has no main tasks): Ansible checks the types once per command,
-    # when plays include tasks_from facts, not at the start of every play.
-    lines = ["---", *comment(STAMP), "argument_specs:", "  facts:",
-             "    short_description: Run-wide ddplab settings (checked in full by python -m ddplab "
-             "validate).",
-             "    options:"]
-    for s in SETTINGS:
-        lines.append(f"      {s.name}:")
-        lines.append(f"        type: {s.kind}")
-        if s.kind == "list":
-            lines.append(f"        elements: {s.elements}")
-        if s.choices:
-            lines.append(f"        choices: {json.dumps(list(s.choices))}")
-        if s.default is not None and not s.jinja:
-            lines.append(f"        default: {yaml_value(s.default)}")
-        lines.append("        description: >-")
-        lines += textwrap.wrap(s.doc + _range(s), width=108, initial_indent=" " * 10,
-                               subsequent_indent=" " * 10, break_on_hyphens=False, break_long_words=False)
-    return "\n".join(lines) + "\n"
-
-
 def example_yml(section: str, intro: str) -> str:
     lines = ["---", *comment(intro), *comment(STAMP)]
     for s in SETTINGS:
@@ -90,7 +67,6 @@ def outputs() -> dict[Path, str]:
     example = REPO / "inventory" / "example" / "group_vars" / "all"
     return {
         REPO / "roles" / "ddplab" / "defaults" / "main.yml": defaults_yml(),
-        REPO / "roles" / "ddplab" / "meta" / "argument_specs.yml": argument_specs_yml(),
         example / "ddplab.yml": example_yml(RUN, "Run-wide settings, every one optional; the value shown is "
                                             "the default (or an example when the comment names the "
                                             "default). Override any of them for one command with -e "

@@ -1,8 +1,9 @@
 """The one typed specification of every `ddplab_*` name: type, default, range, choices, one-line doc.
 
-Everything else is derived from this list: the role defaults (roles/ddplab/defaults/main.yml), Ansible's
-argument specs (roles/ddplab/meta/argument_specs.yml), the commented example inventory
-(inventory/example/group_vars/all/{ddplab,code}.yml) and the checks of `python -m ddplab validate`.
+Everything else is derived from this list: the role defaults (roles/ddplab/defaults/main.yml), the
+commented example inventory (inventory/example/group_vars/all/{ddplab,code}.yml: the settings reference)
+and the checks of `python -m ddplab validate`. (No role argument specs: Ansible loads and copies them at
+each of a command's ~30 role loads, 0.3-0.4 CPU-s per command, to check less than validate does.)
 Add a setting here, then run `python -m ddplab settings --write`.
 """
 

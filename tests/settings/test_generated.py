@@ -19,12 +19,6 @@ def test_defaults_file_holds_the_spec_defaults():
     assert defaults == {s.name: s.default for s in SETTINGS if s.section != HOST}
 
 
-def test_argument_specs_name_every_setting_with_its_type():
-    spec = yaml.safe_load((REPO / "roles/ddplab/meta/argument_specs.yml").read_text())
-    options = spec["argument_specs"]["facts"]["options"]
-    assert {n: o["type"] for n, o in options.items()} == {s.name: s.kind for s in SETTINGS}
-
-
 def test_example_inventory_documents_every_run_setting():
     folder = REPO / "inventory/example/group_vars/all"
     text = "".join((folder / f).read_text() for f in ("ddplab.yml", "code.yml"))
