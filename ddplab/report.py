@@ -16,7 +16,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from ddplab import tb_export
+from ddplab import lowcomm_advice, tb_export
 from ddplab.errors import DdplabError
 from nodeprobe import log_metrics
 
@@ -216,6 +216,8 @@ def markdown(run_dir, table, merged):
         lines.insert(2, f"- code: {', '.join(h[:12] for h in hashes)} ({same}){git_text}")
     if merged.get("tensorboard"):
         lines.append(f"- TensorBoard: `tensorboard --logdir {merged['tensorboard']}`")
+    if merged.get("lowcomm_advice"):
+        lines += lowcomm_advice.markdown(merged["lowcomm_advice"])
     plotted = merged.get("has_metrics") or merged.get("has_log_metrics")
     lines += [""] + (["![loss](loss.png)", ""] if plotted else [])
     return "\n".join(lines)
@@ -265,6 +267,9 @@ def write_report(run_dir, nodes=(), log_pattern=""):
         merged["not_collected"] = [n for n in nodes if n not in merged["collected"]]
     if code:
         merged.update(code=code, code_identical=len({c["hash"] for c in code.values()}) == 1)
+    advice = lowcomm_advice.advice(merged, lowcomm_advice.load_study())
+    if advice:
+        merged["lowcomm_advice"] = advice
     if merged["has_metrics"] and tb_export.available():
         merged["tensorboard"] = str(tb_export.write(run_dir, ranks))
     elif merged["has_metrics"]:

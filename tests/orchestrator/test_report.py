@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+from ddplab import lowcomm_advice
 from tests.helpers.playbooks import REPO
 from tests.helpers.user_logs import RUN_LINE, nanochat_log, nanogpt_log, write
 
@@ -162,3 +163,25 @@ def test_report_of_nanogpt_lines_and_of_the_built_in_trainer_unchanged(tmp_path)
     merged = json.loads((builtin / "summary.json").read_text())
     assert "metrics_from" not in merged and "has_log_metrics" not in merged
     assert merged["ranks"][0]["steps"] == 2
+
+
+def test_a_run_that_waits_on_its_all_reduce_gets_the_low_communication_section(tmp_path):
+    """A per-step run whose exposed all-reduce took most of each step: report.md names the settings of the
+    long study (bench/results/lowcomm) to try, summary.json holds them; a compute-bound run gets none."""
+    timing = {"world_size": 2, "local_sgd": None, "params": 459008, "step_ms_p50": 100.0}
+    for name, exposed in (("run-slow-link", 70.0), ("run-fast-link", 5.0)):
+        run = tmp_path / name
+        write_rank(run / "nodeA", 0, [5.0, 4.0], summary={**timing, "exposed_ms_p50": exposed})
+        write_rank(run / "nodeB", 1, [5.1, 4.1])
+        proc = run_report(run)
+        assert proc.returncode == 0, proc.stderr
+        merged = json.loads((run / "summary.json").read_text())
+        text = (run / "report.md").read_text()
+        if exposed == 70.0:
+            study = lowcomm_advice.load_study()
+            best = study["modes"][study["targets"][0]["best_mode"]]
+            assert "## Communication" in text and f"`{' '.join(best['flags'])}`" in text
+            assert [o["mode"] for o in merged["lowcomm_advice"]["options"]] == \
+                [t["best_mode"] for t in study["targets"]]
+        else:
+            assert "## Communication" not in text and "lowcomm_advice" not in merged

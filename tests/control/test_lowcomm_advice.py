@@ -1,0 +1,86 @@
+"""The run report's low-communication advice (ddplab/lowcomm_advice.py) against the committed long study
+(bench/results/lowcomm-stdlib/report.json, its codec timing from bench/results/lowcomm/): when it speaks,
+what it offers, and the step it estimates."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddplab import lowcomm_advice as L
+
+STUDY = L.load_study()
+# a per-step DDP run of 2 ranks: rank 0's timing, as the trainer's summary.json holds it
+RUN = {"world_size": 2, "local_sgd": None, "params": 459_008, "step_ms_p50": 100.0, "exposed_ms_p50": 60.0}
+
+
+def test_the_committed_study_is_read_with_the_wire_measurement_of_the_built_in_corpus():
+    assert STUDY is not None and STUDY["corpus"]["name"] == "stdlib"
+    assert [t["fewer_bytes"] for t in STUDY["targets"]] == [16, 100]
+    assert STUDY["wire"] == L._read(L.WIRE)["wire"] and STUDY["wire"]["numel"] > 0
+
+
+@pytest.mark.parametrize("change", [
+    {"exposed_ms_p50": 15.0},                 # 15 % of the step: below SPEAK_FROM
+    {"world_size": 1},                        # nothing to communicate
+    {"local_sgd": {"sync_every": 16}},        # already syncs less than every step
+    {"exposed_ms_p50": None},                 # no timing (your own code's run)
+    {"step_ms_p50": None},
+])
+def test_nothing_is_said_without_a_communication_bound_per_step_run(change):
+    assert L.advice({**RUN, **change}, STUDY) is None
+
+
+def test_nothing_is_said_without_the_study(tmp_path):
+    assert L.load_study(tmp_path / "missing.json") is None
+    assert L.advice(RUN, None) is None
+
+
+def test_each_target_offers_the_studys_best_setting_with_its_measured_cost_and_whether_it_met_it():
+    a = L.advice(RUN, STUDY)
+    assert a["exposed_share"] == pytest.approx(0.6)
+    assert [o["mode"] for o in a["options"]] == [t["best_mode"] for t in STUDY["targets"]]
+    for option, target in zip(a["options"], STUDY["targets"], strict=True):
+        mode = STUDY["modes"][target["best_mode"]]
+        assert option["flags"] == mode["flags"] and option["val_loss_vs_ddp"] == mode["val_loss_vs_ddp"]
+        assert option["fewer_bytes"] >= target["fewer_bytes"] and option["target"]["met"] is target["met"]
+
+
+def test_without_a_codec_the_step_estimate_shrinks_only_the_exposed_all_reduce():
+    """bf16 is a cast, not a codec the study timed: only the bytes shrink."""
+    plain = [o for o in L.advice(RUN, STUDY)["options"] if L._flag(o["flags"], "--comm", "fp32")
+             not in L.CODEC_OPS]
+    assert plain
+    for o in plain:
+        assert o["step_ms_estimate"] == pytest.approx(100.0 - 60.0 + 60.0 / o["fewer_bytes"])
+        assert o["speedup_estimate"] == pytest.approx(100.0 / o["step_ms_estimate"])
+
+
+def test_a_codec_costs_its_measured_cpu_time_per_value_once_per_sync():
+    """int4's encode and decode, measured in the study on its model, scaled to this run's parameters: on a
+    124M model it costs more than the bytes it saves, and the estimate says so."""
+    per_value = L.codec_ms_per_value(STUDY, "int4")
+    ops = STUDY["wire"]["ops"]
+    assert per_value == pytest.approx((ops["int4 encode + all-gather + decode"]["ms_median"]
+                                       - ops["int4 all-gather (codes + scales)"]["ms_median"])
+                                      / STUDY["wire"]["numel"])
+    assert L.codec_ms_per_value(STUDY, "fp32") == 0.0
+    small, large = (L.advice({**RUN, "params": p}, STUDY) for p in (459_008, 124_000_000))
+    int4 = [next(o for o in a["options"] if "int4" in o["flags"]) for a in (small, large)]
+    fewer = int4[0]["fewer_bytes"]
+    assert int4[0]["step_ms_estimate"] == pytest.approx(40.0 + 60.0 / fewer + per_value * 459_008 / 16)
+    assert int4[1]["speedup_estimate"] < 1 < int4[0]["speedup_estimate"]
+
+
+def test_the_report_section_names_the_flags_the_cost_and_the_study():
+    a = L.advice(RUN, STUDY)
+    text = "\n".join(L.markdown(a))
+    assert "The exposed all-reduce took 60% of a step (60.0 of 100.0 ms" in text
+    assert "bench/results/lowcomm-stdlib/report.md: stdlib corpus" in text
+    assert f"{STUDY['steps']} steps" in text
+    for o in a["options"]:
+        assert f"`{' '.join(o['flags'])}`" in text and f"{o['speedup_estimate']:.2f}x" in text
+    for o in a["options"]:
+        assert ("| met: " if o["target"]["met"] else "| not met: ") + f"{o['target']['fewer_bytes']}x" in text
+    fastest = max((o for o in a["options"] if o["target"]["met"]), key=lambda o: o["speedup_estimate"])
+    assert text.endswith(f"Try first: {fastest['label']} (`{' '.join(fastest['flags'])}`, in "
+                         "ddplab_trainer_extra_args).")
