@@ -56,13 +56,16 @@ def codec_ms_per_value(study: dict, comm: str) -> float:
     return max(0.0, ops[with_codec]["ms_median"] - ops[gather]["ms_median"]) / study["wire"]["numel"]
 
 
+def sync_every(mode: dict) -> int:
+    return int(_flag(mode["flags"], "--sync-every", "1"))
+
+
 def estimated_step_ms(run: dict, study: dict, mode: dict) -> float:
     """This run's step with `mode`: compute as measured, the exposed all-reduce over the mode's fewer bytes,
     plus the codec once every H steps."""
-    sync_every = int(_flag(mode["flags"], "--sync-every", "1"))
     codec = codec_ms_per_value(study, _flag(mode["flags"], "--comm", "fp32")) * run["params"]
     exposed = run["exposed_ms_p50"]
-    return run["step_ms_p50"] - exposed + exposed / mode["fewer_bytes"] + codec / sync_every
+    return run["step_ms_p50"] - exposed + exposed / mode["fewer_bytes"] + codec / sync_every(mode)
 
 
 def advice(run: dict, study: dict | None) -> dict | None:
@@ -83,7 +86,10 @@ def advice(run: dict, study: dict | None) -> dict | None:
                         "fewer_bytes": mode["fewer_bytes"], "val_loss_vs_ddp": mode["val_loss_vs_ddp"],
                         "target": {"fewer_bytes": target["fewer_bytes"], "val_loss_within":
                                    target["val_loss_within"], "met": target["met"]},
-                        "step_ms_estimate": est, "speedup_estimate": step / est})
+                        "step_ms_estimate": est, "speedup_estimate": step / est,
+                        # outer steps (syncs) at this run's length, against the study's: short runs pay more
+                        "outer_steps": (run.get("steps") or 0) // sync_every(mode),
+                        "study_outer_steps": mode["outer_steps"]})
     depth = _flag(study["model_args"], "--depth", "?")
     return {"exposed_share": exposed / step, "step_ms_p50": step, "exposed_ms_p50": exposed,
             "options": options,
@@ -110,14 +116,17 @@ def markdown(a: dict) -> list[str]:
              f"each cost at equal tokens in the long study ({s['path']}: {s['corpus']} corpus, depth "
              f"{s['depth']}, {s['steps']} steps, seeds {', '.join(map(str, s['seeds']))}) and this run's "
              "step estimated with each (bandwidth-bound link; codec CPU time included). A cost measured on "
-             "that model, not yours: compare on your own run before you rely on it.", "",
+             "that model, not yours, and over at least 100 outer steps: a run with fewer syncs pays more "
+             "(docs/scaling.md). Compare on your own run before you rely on it.", "",
              "| setting | add these flags | bytes vs DDP | val loss vs DDP in the study, median (min to max) "
-             "| the study's target | step ms, estimated | speed-up, estimated |", "|---" * 7 + "|"]
+             "| the study's target | outer steps: this run's length / the study | step ms, estimated "
+             "| speed-up, estimated |", "|---" * 8 + "|"]
     for o in a["options"]:
         loss = o["val_loss_vs_ddp"]
         lines.append(f"| {o['label']} | `{' '.join(o['flags'])}` | 1/{o['fewer_bytes']:.0f} | "
                      f"{_pct(loss['median'])} ({_pct(loss['min'])} to {_pct(loss['max'])}) | "
-                     f"{_target(o['target'])} | {o['step_ms_estimate']:.1f} | {o['speedup_estimate']:.2f}x |")
+                     f"{_target(o['target'])} | {o['outer_steps']} / {o['study_outer_steps']} | "
+                     f"{o['step_ms_estimate']:.1f} | {o['speedup_estimate']:.2f}x |")
     best = max((o for o in a["options"] if o["target"]["met"]), key=lambda o: o["speedup_estimate"],
                default=None)
     if best and best["speedup_estimate"] > 1:

@@ -84,3 +84,11 @@ def test_the_report_section_names_the_flags_the_cost_and_the_study():
     fastest = max((o for o in a["options"] if o["target"]["met"]), key=lambda o: o["speedup_estimate"])
     assert text.endswith(f"Try first: {fastest['label']} (`{' '.join(fastest['flags'])}`, in "
                          "ddplab_trainer_extra_args).")
+
+
+def test_each_setting_says_how_many_outer_steps_this_runs_length_gives_against_the_study():
+    a = L.advice({**RUN, "steps": 160}, STUDY)
+    for o in a["options"]:
+        mode = STUDY["modes"][o["mode"]]
+        assert o["outer_steps"] == 160 // L.sync_every(mode) and o["study_outer_steps"] == mode["outer_steps"]
+        assert f"| {o['outer_steps']} / {mode['outer_steps']} |" in "\n".join(L.markdown(a))
