@@ -70,10 +70,13 @@ def estimated_step_ms(run: dict, study: dict, mode: dict) -> float:
 
 def advice(run: dict, study: dict | None) -> dict | None:
     """None when the report has nothing to say: no study, one rank, a run that already syncs less than every
-    step, no timing, or an exposed all-reduce under SPEAK_FROM of the step. Else the share and, per target
+    step or sends other than fp32 gradients (the study's byte ratios are against fp32 DDP), no timing, or an
+    exposed all-reduce under SPEAK_FROM of the step. Else the share and, per target
     of the study (16x fewer bytes within 1 %, 100x within 3 %), its best setting, whether it met the target,
     its loss cost and this run's estimate."""
     if not study or (run.get("world_size") or 1) < 2 or run.get("local_sgd"):
+        return None
+    if (run.get("comm_chosen") or run.get("comm") or "fp32") != "fp32":
         return None
     step, exposed, params = run.get("step_ms_p50"), run.get("exposed_ms_p50"), run.get("params")
     if not step or exposed is None or not params or exposed / step < SPEAK_FROM:
