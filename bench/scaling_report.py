@@ -39,6 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scaling_plots beside it, however imported
 from scaling_plots import plots  # noqa: E402
 
+from ddplab import lowcomm_advice  # noqa: E402
+
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
@@ -194,7 +196,19 @@ def summarize(round_rows: list[dict]) -> dict:
     return row
 
 
-def build(data: dict) -> dict:
+def advice(row: dict, params: int | None, study: dict | None) -> dict | None:
+    """The run report's low-communication advice (ddplab/lowcomm_advice.py) for a per-step fp32 row: its
+    medians over the rounds stand for the run's timing."""
+    if not params or "sync_ms" in row:
+        return None
+    run = {"world_size": row["ranks"], "local_sgd": None, "comm_chosen": row["comm_chosen"], "params": params,
+           "step_ms_p50": row["step_ms"], "exposed_ms_p50": row["exposed_ms"], "steps": row["steps"]}
+    return lowcomm_advice.advice(run, study)
+
+
+def build(data: dict, study: dict | None = None) -> dict:
+    """study: the long low-communication study the advice quotes (default: the committed one)."""
+    study = lowcomm_advice.load_study() if study is None else study
     meta = data["meta"]
     rate_bps = meta.get("rate_bps")
     machine = meta.get("machine", {})
@@ -266,6 +280,9 @@ def build(data: dict) -> dict:
             # step (communication that cost nothing, on a core that computes as fast as alone)
             hr = within_rounds(multi[0]["label"], solo["label"], "step_ms")
             entry["comm_headroom"] = hr["median"] if hr else None
+        per_step = next((r for r in multi if "sync_ms" not in r), None)
+        if per_step:
+            entry["lowcomm_advice"] = advice(per_step, params, study)
         if alpha is not None:
             # only at the node counts measured: no curve past what was measured
             measured = sorted({r["nodes"] for r in rows if r["ranks_per_node"] == 1})
@@ -373,6 +390,8 @@ def markdown(rep: dict) -> str:
             lines += [f"Headroom: the {rep['nodes']}x1 fp32 step is {e['comm_headroom']:.2f}x the 1x1 step, "
                       f"so no way of sending gradients can make a step more than {e['comm_headroom']:.2f}x "
                       f"faster than fp32 here (communication that cost nothing).", ""]
+        if e.get("lowcomm_advice"):
+            lines += lowcomm_advice.markdown(e["lowcomm_advice"], f"### {size}: communication")[1:] + [""]
     if rep["notes"]:
         lines += ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""]
     lines += ["Definitions: bench/scaling_report.py. Raw data: raw/<size>/<run>/<node>/ (trainer out "

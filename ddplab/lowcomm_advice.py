@@ -110,10 +110,10 @@ def _target(t: dict) -> str:
             f"{t['val_loss_within']:.0%}")
 
 
-def markdown(a: dict) -> list[str]:
+def markdown(a: dict, heading: str = "## Communication") -> list[str]:
     """The report's section for an advice()."""
     s = a["study"]
-    lines = ["", "## Communication",
+    lines = ["", heading,
              f"The exposed all-reduce took {a['exposed_share']:.0%} of a step ({a['exposed_ms_p50']:.1f} of "
              f"{a['step_ms_p50']:.1f} ms, medians). Settings that send fewer bytes, with the validation loss "
              f"each cost at equal tokens in the long study ({s['path']}: {s['corpus']} corpus, depth "

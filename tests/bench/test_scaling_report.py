@@ -16,7 +16,7 @@ TOKENS = 1024
 
 
 def write_run(root: Path, label: str, nodes: int, per_node: int, comm: str, steps: int, rng: random.Random,
-              warmup=2, skip=0, threads=1, cores=1, nbytes=43_000_000):
+              warmup=2, skip=0, threads=1, cores=1, nbytes=43_000_000, exposed_ms=(10, 100)):
     d = root / "raw" / "small" / label
     node0 = d / ("local" if nodes == 1 and per_node > 1 else "node0")
     node0.mkdir(parents=True)
@@ -25,7 +25,7 @@ def write_run(root: Path, label: str, nodes: int, per_node: int, comm: str, step
     for step in range(1, steps + 1):
         dt = rng.uniform(800, 1200) * (1 if ranks == 1 else 1.3)
         ar = 0.0 if ranks == 1 else rng.uniform(200, 500)
-        exposed = 0.0 if ranks == 1 else rng.uniform(10, 100)
+        exposed = 0.0 if ranks == 1 else rng.uniform(*exposed_ms)
         used = comm if comm != "auto" else ("fp32" if step <= skip else "powersgd")
         recs.append({"step": step, "loss": 5.0 - step * 0.1 + rng.random() * 0.01, "dt_ms": dt,
                      "tokens": TOKENS * ranks, "tokens_per_sec": TOKENS * ranks / dt * 1e3,
@@ -295,3 +295,33 @@ def test_an_overlapped_local_sgd_row_shows_the_blocked_time_and_no_link_speed(tm
     assert row["step_ms"] == pytest.approx((4 * 1000 + 3 * 1400 + 4000) / 8)
     md = scaling_report.markdown(rep)
     assert "2x1-local2-avg-ovl 400 ms for 250 MB blocked (the transfer runs under" in md
+
+
+def test_a_communication_bound_fp32_run_gets_the_low_communication_advice(tmp_path):
+    """The 2-node per-step fp32 row whose exposed all-reduce is most of its step: the report quotes the run
+    report's advice (ddplab/lowcomm_advice.py) from the rounds' medians."""
+    from ddplab import lowcomm_advice
+
+    rng = random.Random(3)
+    write_run(tmp_path, "1x1", 1, 1, "fp32", 12, rng)
+    write_run(tmp_path, "2x1-fp32", 2, 1, "fp32", 12, rng, exposed_ms=(700, 800))
+    meta = {"id": "c", "nodes": 2, "rate": "100mbit", "rate_bps": 1e8, "via": "test",
+            "machine": {"logical_cpus": 2}}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    study = lowcomm_advice.load_study()
+    rep = scaling_report.build(scaling_report.collect(tmp_path), study)
+    entry = rep["sizes"]["small"]
+    row = next(r for r in entry["rows"] if r["label"] == "2x1-fp32")
+    expected = lowcomm_advice.advice({"world_size": 2, "local_sgd": None, "comm_chosen": "fp32",
+                                      "params": entry["params"], "step_ms_p50": row["step_ms"],
+                                      "exposed_ms_p50": row["exposed_ms"], "steps": row["steps"]}, study)
+    assert expected is not None and entry["lowcomm_advice"] == expected
+    text = scaling_report.markdown(rep)
+    assert "### small: communication" in text and f"`{' '.join(expected['options'][0]['flags'])}`" in text
+
+
+def test_a_compute_bound_run_gets_no_advice(bench):
+    root, _ = bench
+    rep = scaling_report.build(scaling_report.collect(root))
+    assert rep["sizes"]["small"]["lowcomm_advice"] is None
+    assert "### small: communication" not in scaling_report.markdown(rep)
