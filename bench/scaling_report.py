@@ -199,7 +199,7 @@ def summarize(round_rows: list[dict]) -> dict:
 def advice(row: dict, params: int | None, study: dict | None) -> dict | None:
     """The run report's low-communication advice (ddplab/lowcomm_advice.py) for a per-step fp32 row: its
     medians over the rounds stand for the run's timing."""
-    if not params or "sync_ms" in row:
+    if not params:
         return None
     run = {"world_size": row["ranks"], "local_sgd": None, "comm_chosen": row["comm_chosen"], "params": params,
            "step_ms_p50": row["step_ms"], "exposed_ms_p50": row["exposed_ms"], "steps": row["steps"]}
@@ -227,7 +227,7 @@ def build(data: dict, study: dict | None = None) -> dict:
             per_round[k] = {r["label"]: run_row(r, base_tps, rate_bps) for r in here}
         labels = list(dict.fromkeys(r["label"] for r in sorted(runs, key=lambda r: r["label"])))
         rows = [summarize([rr[label] for rr in per_round.values() if label in rr]) for label in labels]
-        multi = [r for r in rows if r["nodes"] > 1 and r["comm"] == "fp32"]
+        multi = [r for r in rows if r["nodes"] > 1 and r["comm"] == "fp32"]  # local SGD: comm local<H>...
         alpha = multi[0]["alpha"] if multi else None
         params = next((r["summary"].get("params") for r in runs if r["summary"].get("params")), None)
         auto = next((r for r in rows if r["nodes"] > 1 and r["comm"] == "auto"), None)
@@ -280,9 +280,8 @@ def build(data: dict, study: dict | None = None) -> dict:
             # step (communication that cost nothing, on a core that computes as fast as alone)
             hr = within_rounds(multi[0]["label"], solo["label"], "step_ms")
             entry["comm_headroom"] = hr["median"] if hr else None
-        per_step = next((r for r in multi if "sync_ms" not in r), None)
-        if per_step:
-            entry["lowcomm_advice"] = advice(per_step, params, study)
+        if multi:
+            entry["lowcomm_advice"] = advice(multi[0], params, study)
         if alpha is not None:
             # only at the node counts measured: no curve past what was measured
             measured = sorted({r["nodes"] for r in rows if r["ranks_per_node"] == 1})
