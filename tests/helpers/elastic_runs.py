@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.helpers.trainer_runs import REPO, env, free_port, read_jsonl
+from tests.helpers.trainer_runs import REPO, env, free_port, read_jsonl, read_live_jsonl
 
 # rendezvous timings for loopback: a missing node is given up after 2 s of last call, a dead one after
 # 3 missed 1 s heartbeats
@@ -98,7 +98,7 @@ class Agent:
 
     def membership(self) -> list[dict]:
         p = self.out / "membership.jsonl"
-        return read_jsonl(p) if p.exists() else []
+        return read_live_jsonl(p) if p.exists() else []
 
     def stop(self):
         if self.proc.poll() is None:

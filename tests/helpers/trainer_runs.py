@@ -52,5 +52,16 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def complete_lines(text: str) -> list[str]:
+    """The non-blank, newline-ended lines of a file a running rank is still writing: a read can catch the line
+    being written half-way (CI16: '{"step": 74, ... "co')."""
+    return [line for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+def read_live_jsonl(path) -> list[dict]:
+    """The complete records of a JSONL file a running rank is still writing."""
+    return [json.loads(line) for line in complete_lines(Path(path).read_text())]
+
+
 def error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.strip()]

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from tests.helpers.playbooks import BIN, REPO, make_shards
+from tests.helpers.trainer_runs import complete_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -38,7 +39,7 @@ def node_file(cluster, host: str, path: str) -> str:
 
 def membership(cluster, host: str) -> list[dict]:
     text = node_file(cluster, host, f"/root/ddplab/runs/{RUN}/out/membership.jsonl")
-    return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    return [json.loads(ln) for ln in complete_lines(text)]
 
 
 def wait_until(what: str, check, timeout: float, proc: subprocess.Popen):

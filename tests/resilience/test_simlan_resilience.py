@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.playbooks import BIN, REPO, make_shards, playbook, tail
+from tests.helpers.trainer_runs import complete_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -48,8 +49,7 @@ def run_file(cluster, host, run_id, name):
 
 
 def last_step(cluster, host, run_id, rank):
-    text = run_file(cluster, host, run_id, f"out/metrics.rank{rank}.jsonl") or ""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = complete_lines(run_file(cluster, host, run_id, f"out/metrics.rank{rank}.jsonl") or "")
     return json.loads(lines[-1])["step"] if lines else 0
 
 

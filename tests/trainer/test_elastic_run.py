@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.helpers.elastic_runs import Agent, Store, rank_of, wait_for_step
-from tests.helpers.trainer_runs import REPO, env, read_jsonl, torchrun_cmd
+from tests.helpers.trainer_runs import REPO, env, read_jsonl, read_live_jsonl, torchrun_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +51,9 @@ def first_step_after(agents, t: float, timeout: float = 90) -> float:
         for a in agents:
             reform = [m for m in a.membership() if m["time"] > t]
             for p in a.out.glob("metrics.rank*.jsonl"):
-                lines = p.read_text().splitlines()
-                if reform and lines and p.stat().st_mtime > reform[-1]["time"] and \
-                        json.loads(lines[-1])["step"] > reform[-1]["resumed_step"]:
+                records = read_live_jsonl(p)
+                if reform and records and p.stat().st_mtime > reform[-1]["time"] and \
+                        records[-1]["step"] > reform[-1]["resumed_step"]:
                     return time.time()
         time.sleep(0.02)
     raise TimeoutError("the survivors did not train again")
