@@ -35,11 +35,12 @@ def _read(path: Path) -> dict | None:
 
 
 def load_study(path: Path = STUDY, wire: Path = WIRE) -> dict | None:
-    """The study, with the wire measurement of `wire` when it has none of its own; None when missing."""
+    """The study, with the wire measurement of `wire` when it has none of its own; None when either is
+    missing (the report then has no section: the codecs could not be timed)."""
     study = _read(path)
     if study is not None and not study.get("wire"):
         study["wire"] = (_read(wire) or {}).get("wire")
-    return study
+    return study if study and study.get("wire") else None
 
 
 def _flag(flags: list[str], name: str, default: str) -> str:
@@ -50,8 +51,6 @@ def codec_ms_per_value(study: dict, comm: str) -> float:
     """CPU ms of encoding and decoding one value for `comm`, from the study's wire measurement (0: fp32)."""
     if comm not in CODEC_OPS:
         return 0.0
-    if not study.get("wire"):
-        raise ValueError(f"no wire measurement to time the {comm} codec")
     ops, (gather, with_codec) = study["wire"]["ops"], CODEC_OPS[comm]
     return max(0.0, ops[with_codec]["ms_median"] - ops[gather]["ms_median"]) / study["wire"]["numel"]
 
@@ -71,9 +70,9 @@ def estimated_step_ms(run: dict, study: dict, mode: dict) -> float:
 def advice(run: dict, study: dict | None) -> dict | None:
     """None when the report has nothing to say: no study, one rank, a run that already syncs less than every
     step or sends other than fp32 gradients (the study's byte ratios are against fp32 DDP), no timing, or an
-    exposed all-reduce under SPEAK_FROM of the step. Else the share and, per target
-    of the study (16x fewer bytes within 1 %, 100x within 3 %), its best setting, whether it met the target,
-    its loss cost and this run's estimate."""
+    exposed all-reduce under SPEAK_FROM of the step. Else the share and, per target of the study (16x fewer
+    bytes within 1 %, 100x within 3 %), its best setting, whether it met the target, its loss cost and this
+    run's estimate."""
     if not study or (run.get("world_size") or 1) < 2 or run.get("local_sgd"):
         return None
     if (run.get("comm_chosen") or run.get("comm") or "fp32") != "fp32":
@@ -96,7 +95,7 @@ def advice(run: dict, study: dict | None) -> dict | None:
     depth = _flag(study["model_args"], "--depth", "?")
     return {"exposed_share": exposed / step, "step_ms_p50": step, "exposed_ms_p50": exposed,
             "options": options,
-            "study": {"path": str(STUDY.parent.relative_to(RESULTS.parents[1]) / "report.md"),
+            "study": {"path": f"bench/results/{STUDY.parent.name}/report.md",
                       "corpus": (study.get("corpus") or {}).get("name", "built-in"), "steps": study["steps"],
                       "seeds": study["seeds"], "depth": depth, "when": study["when"]}}
 

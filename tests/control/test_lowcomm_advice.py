@@ -34,6 +34,7 @@ def test_nothing_is_said_without_a_communication_bound_per_step_run(change):
 
 def test_nothing_is_said_without_the_study(tmp_path):
     assert L.load_study(tmp_path / "missing.json") is None
+    assert L.load_study(wire=tmp_path / "missing.json") is None  # the codecs cannot be timed: no section
     assert L.advice(RUN, None) is None
 
 

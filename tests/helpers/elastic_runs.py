@@ -135,17 +135,8 @@ def wait_for_step(agents: list[Agent], step: int, timeout: float = 90) -> None:
     while time.time() < deadline:
         for a in agents:
             for p in a.out.glob("metrics.rank*.jsonl"):
-                lines = p.read_text().splitlines()
-                if lines and _step(lines[-1]) >= step:
+                records = read_live_jsonl(p)
+                if records and records[-1]["step"] >= step:
                     return
         time.sleep(0.05)
     raise TimeoutError(f"no node reached step {step} in {timeout} s")
-
-
-def _step(line: str) -> int:
-    import json
-
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError):
-        return -1
