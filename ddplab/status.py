@@ -11,8 +11,9 @@ Input (JSON on stdin), built by roles/launch/tasks/status.yml from the node-side
 
 A node outside --limit is "not asked", never "unreachable"; an asked node without a state did not
 answer over SSH. "Failed first" is judged among the nodes whose state is known: an unreachable or
-silently lost node first, else the failed node whose rank did not merely lose a peer, earliest exit
-first (exit_code mtimes on the nodes' clocks). When nothing known failed but nodes were left out, the
+silently lost node first, else the failed node whose rank did not merely lose a peer (or, a Slurm run, was
+not ended by Slurm because another node of its job failed: NODE_FAIL), earliest exit first (exit_code
+mtimes on the nodes' clocks). When nothing known failed but nodes were left out, the
 failed-first node is unknown, and the output says so.
 With ddplab_elastic a node that went away (``lost``) did not fail the run: the others went on without
 it. Its row says so, and the membership history of the group (from the nodes' membership.jsonl, via
@@ -40,6 +41,9 @@ VERDICTS = {"running": "running", "not-started": "not started", "stopped": "stop
             "lost": "failed (no exit code, its tmux pane is gone)"}
 
 
+# The job states (squeue %T) in which Slurm ended the job's ranks because one of its nodes failed.
+SLURM_NODE_FAILED = ("NODE_FAIL",)
+
 LEFT = "left the run (the others went on)"
 REJOINED = "went away, then rejoined"
 
@@ -61,9 +65,11 @@ def row_for(host: str, rank, state: dict | None, asked: bool, lost: bool = False
     if kind == "lost" and state.get("job_state"):  # a Slurm run: no exit code, job over
         verdict = f"failed (no exit code; its Slurm job is {state['job_state']})"
     failed = kind == "lost" or (kind == "exited" and code != 0)
+    # Slurm ended this rank because a node of its job failed (NODE_FAIL): a victim, as a rank that lost a peer
+    victim = state.get("lost_peer") or (kind == "lost" and state.get("job_state") in SLURM_NODE_FAILED)
     exited_at = (state.get("code_time") or state.get("log_time") or 0.0) if kind == "exited" else 0.0
     return {**row, "verdict": verdict, "known": True, "failed": failed,
-            "victim": 1 if state.get("lost_peer") else 0, "t": float(exited_at), "code": code,
+            "victim": 1 if victim else 0, "t": float(exited_at), "code": code,
             "step": state.get("step"), "total": state.get("total"), "eta_s": state.get("eta_s"),
             "loss": state.get("loss"), "tps": state.get("tokens_per_sec"),
             "last_line": state.get("last_line") or "", "lines": list(state.get("last_lines") or []),

@@ -9,11 +9,11 @@ error (the last `ddplab: error:` line), lost_peer (that line says this rank lost
 victim, not the cause) and exception (the exception the rank's code raised, with its file:line;
 nodeprobe/rank_error.py), read when the rank did not exit 0.
 Progress: step, loss and tokens_per_sec from the built-in trainer's newest metrics line, with total (the
-steps it was given, --total-steps); without metrics files (your own code) from the lines the code printed
-into launch.log (nodeprobe/log_metrics.py: the log's first and last 64 KiB; --log-pattern is
-ddplab_log_pattern), which also give total and eta_s when the code prints them; log_format says which
-lines were read. progress is the one line of text status and wait show (`step 12/50 loss 2.3456 1234
-tok/s eta 0m41s`; a total or an eta that is not known is left out).
+steps it was given: its out/config.json, else --total-steps); without metrics files (your own code) from
+the lines the code printed into launch.log (nodeprobe/log_metrics.py: the log's first and last 64 KiB;
+--log-pattern is ddplab_log_pattern), which also give total and eta_s when the code prints them;
+log_format says which lines were read. progress is the one line of text status and wait show
+(`step 12/50 loss 2.3456 1234 tok/s eta 0m41s`; a total or an eta that is not known is left out).
 """
 
 from __future__ import annotations
@@ -141,6 +141,8 @@ def run_status(run_dir: str, socket: str, session: str, wait: float = 0, log_pat
         if rec and (res["step"] is None or rec.get("step", -1) >= res["step"]):
             res.update(step=rec.get("step"), loss=rec.get("loss"), tokens_per_sec=rec.get("tokens_per_sec"))
         res["metrics_time"] = max(filter(None, [res["metrics_time"], mtime(path)]), default=None)
+    if res["metrics_time"] is not None:  # the built-in trainer: its own record of the steps it was given
+        res["total"] = run_steps(os.path.join(run_dir, "out", "config.json")) or res["total"]
     log = os.path.join(run_dir, "launch.log")
     if res["metrics_time"] is None:  # no ddplab metrics: your own code's printed lines
         res.update({k: v for k, v in log_progress(log, log_pattern).items() if v is not None})
@@ -159,6 +161,17 @@ def run_status(run_dir: str, socket: str, session: str, wait: float = 0, log_pat
         res["exception"] = log_exception(log)
     res["membership"] = membership(os.path.join(run_dir, "out", "membership.jsonl"))
     return res
+
+
+def run_steps(path: str) -> int | None:
+    """The steps the built-in trainer was given (its out/config.json): the run's own total, which a
+    status asked with other settings (say, without the launch's -e ddplab_trainer_steps) must not change."""
+    try:
+        with open(path) as f:
+            steps = json.load(f).get("steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) and steps > 0 else None
 
 
 def membership(path: str, keep: int = 20) -> list[dict]:

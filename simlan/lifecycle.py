@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from simlan import cpuquota, egress, inventory, network, rootfs
+from simlan import cpuquota, egress, inventory, network, outsider, rootfs
 from simlan.defaults import DEFAULT_INVENTORY, DEFAULT_SYN_RETRIES, READY_TIMEOUT
 from simlan.errors import SimlanError
 from simlan.hostinit import write_host_files
@@ -235,6 +235,8 @@ def _teardown(cluster: Cluster, tools: dict[str, str]) -> None:
             wait_gone(h.unshare_pid, h.unshare_start)
     for h in cluster.hosts:
         network.delete_netns(ip, h.name)
+    if cluster.outsider:
+        network.delete_netns(ip, outsider.NAME)
     network.delete_bridge(ip)
     egress.remove(cluster.egress)
     for h in cluster.hosts:

@@ -70,20 +70,23 @@ cd /
 umount -l /mnt
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-# First boot, with the stock system's own tools.
-useradd --create-home --shell /bin/bash --groups sudo "$LOGIN_USER"
-printf '%s:%s\n' "$LOGIN_USER" "$LAB_PASSWORD" | chpasswd
-unset LAB_PASSWORD
-install -d -m 700 -o "$LOGIN_USER" -g "$LOGIN_USER" "/home/$LOGIN_USER/.ssh"
-printf '%s\n' "$PUBKEY" > "/home/$LOGIN_USER/.ssh/authorized_keys"
-chown "$LOGIN_USER:$LOGIN_USER" "/home/$LOGIN_USER/.ssh/authorized_keys"
-chmod 600 "/home/$LOGIN_USER/.ssh/authorized_keys"
-ssh-keygen -q -t ed25519 -N '' -C "root@$SIMLAN_HOST" -f /etc/ssh/ssh_host_ed25519_key
-cat > /etc/ssh/sshd_config.d/simlan.conf <<'EOF'
+# First boot, with the stock system's own tools. A host switched on again (simlan revive-host) keeps
+# its user, password and host key, as a machine that reboots.
+if ! id "$LOGIN_USER" >/dev/null 2>&1; then
+  useradd --create-home --shell /bin/bash --groups sudo "$LOGIN_USER"
+  printf '%s:%s\n' "$LOGIN_USER" "$LAB_PASSWORD" | chpasswd
+  install -d -m 700 -o "$LOGIN_USER" -g "$LOGIN_USER" "/home/$LOGIN_USER/.ssh"
+  printf '%s\n' "$PUBKEY" > "/home/$LOGIN_USER/.ssh/authorized_keys"
+  chown "$LOGIN_USER:$LOGIN_USER" "/home/$LOGIN_USER/.ssh/authorized_keys"
+  chmod 600 "/home/$LOGIN_USER/.ssh/authorized_keys"
+  ssh-keygen -q -t ed25519 -N '' -C "root@$SIMLAN_HOST" -f /etc/ssh/ssh_host_ed25519_key
+  cat > /etc/ssh/sshd_config.d/simlan.conf <<'EOF'
 # simlan stock host: one host key, made at first boot; root may not log in.
 HostKey /etc/ssh/ssh_host_ed25519_key
 PermitRootLogin no
 EOF
+fi
+unset LAB_PASSWORD
 
 """ + SSHD_AND_REAP
 

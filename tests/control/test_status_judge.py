@@ -48,6 +48,16 @@ def test_an_asked_node_without_state_is_unreachable_and_failed_first():
     assert v["failed_first"] == "node2"
 
 
+def test_a_slurm_job_ended_by_a_lost_node_names_that_node_first():
+    """node1 lost power mid-job: Slurm marked it down and ended the job (NODE_FAIL), and with it node0's
+    rank, which wrote no exit code. The lost node is the cause, not the rank Slurm ended."""
+    ended = {**state("lost", step=4), "job_state": "NODE_FAIL"}
+    v = judge({**doc({"node0": ended}), "nodes": {"node0": 0, "node1": 1}})
+    verdicts = {r["host"]: r["verdict"] for r in v["nodes"]}
+    assert verdicts == {"node0": "failed (no exit code; its Slurm job is NODE_FAIL)", "node1": "unreachable"}
+    assert v["failed"] == ["node1", "node0"] and v["failed_first"] == "node1"
+
+
 def test_limit_marks_left_out_nodes_not_asked_never_unreachable():
     v = judge(doc({"node0": state("running")}, asked=["node0"]))
     verdicts = {r["host"]: r["verdict"] for r in v["nodes"]}

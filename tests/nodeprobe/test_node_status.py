@@ -51,6 +51,10 @@ def test_run_status_of_your_own_code_reads_the_lines_it_printed(tmp_path):
     builtin = probe(*args, "--total-steps=50")
     assert (builtin["step"], builtin["total"], builtin["log_format"], builtin["eta_s"]) == (3, 50, None, None)
     assert builtin["progress"] == "step 3/50 loss 2.5000 - tok/s"
+    # its own record wins: a status asked without the launch's -e ddplab_trainer_steps=600 still says /600
+    (run / "out" / "config.json").write_text(json.dumps({"steps": 600, "depth": 2}))
+    recorded = probe(*args, "--total-steps=50")
+    assert recorded["total"] == 600 and recorded["progress"] == "step 3/600 loss 2.5000 - tok/s"
 
 
 def test_route_toward_loopback_and_a_bad_address():

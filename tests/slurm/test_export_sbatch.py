@@ -98,7 +98,7 @@ def test_script_passes_bash_n_and_runs_the_tmux_paths_trainer_argv(exported):
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     sbatch = re.findall(r"^#SBATCH (\S+)$", text, re.M)
     assert sbatch == ["--job-name=ddplab-exp-1", "--nodes=3", "--ntasks-per-node=1", "--exclusive",
-                      "--time=00:30:00"]
+                      "--no-requeue", "--time=00:30:00"]
     argv = re.search(r"^DDPLAB_TRAINER_ARGV=\((.*)\)$", text, re.M).group(1)
     assert argv == launch_sh_trainer_argv(root)
     assert shlex.split(argv)[:3] == ["-m", "trainer", "--data"] and "--steps 7" in argv
