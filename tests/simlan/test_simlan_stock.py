@@ -18,6 +18,10 @@ import yaml
 
 from simlan import cluster as simlan
 from simlan import cpuquota, egress, rootfs
+from simlan.network import netns_exists, netns_name
+from simlan.outsider import NAME as OUTSIDE
+from simlan.outsider import address as outsider_address
+from simlan.outsider import outsider
 from simlan.system import missing_requirements, which
 
 pytestmark = pytest.mark.simlan
@@ -231,10 +235,30 @@ def test_apt_install_tmux_with_sudo(simlan_stock):
 
 
 @pytest.mark.slow
+def test_a_stock_host_switched_on_again_keeps_its_user_and_host_key(simlan_stock, simlan_cli):
+    """As a machine that reboots: the first boot's user, password and host key stay (init.sh makes them
+    once), so `lab` logs in again and a known_hosts entry still matches."""
+    c = simlan_stock
+    key = c.exec("node1", ["cat", "/etc/ssh/ssh_host_ed25519_key.pub"], check=True).stdout
+    assert simlan_cli("kill-host", "node1").returncode == 0
+    revived = simlan_cli("revive-host", "node1")
+    assert revived.returncode == 0, revived.stderr
+    again = simlan.load()
+    assert again.host("node1").pid1 != c.host("node1").pid1
+    assert _ssh(again, "node1", "id -un").stdout.strip() == "lab"
+    assert again.exec("node1", ["cat", "/etc/ssh/ssh_host_ed25519_key.pub"], check=True).stdout == key
+
+
+@pytest.mark.slow
 def test_down_then_up_reuses_the_cache(simlan_stock, simlan_cli):
     c = simlan_stock
     stamp = rootfs.stamp()
     assert stamp and rootfs.is_ready()
+    # a test that died inside `with outsider(...)`: its host outside the lab is left on the LAN
+    outside = outsider(simlan.load(), programs_of="node1")
+    argv = outside.__enter__()
+    assert subprocess.run(argv + ["ip", "-br", "addr", "show", "eth0"], capture_output=True, text=True,
+                          timeout=30).stdout.split()[2] == f"{outsider_address()}/24"
     started = time.monotonic()
     down = simlan_cli("down")
     down_s = time.monotonic() - started
@@ -249,6 +273,7 @@ def test_down_then_up_reuses_the_cache(simlan_stock, simlan_cli):
     if c.egress["forward_was"] == "0" and not others:
         assert Path(egress.IP_FORWARD).read_text().strip() == "0"
     assert not Path(c.host("node1").cgroup).exists()
+    assert not netns_exists(netns_name(OUTSIDE))  # down removed the outside host too
     started = time.monotonic()
     again = stock_up()
     up_s = time.monotonic() - started

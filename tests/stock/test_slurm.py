@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simlan.outsider import address as outsider_address
+from simlan.outsider import outsider
 from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
 from tests.test_readme import SLURM_DOCS, readme_commands, run
 
@@ -189,6 +191,103 @@ def test_preflight_names_a_node_whose_slurmd_stopped_and_slurm_yml_starts_it_aga
     fixed = playbook("slurm.yml", inventory=inv, timeout=600)
     assert fixed.returncode == 0, tail(fixed)
     deadline = time.monotonic() + 60
+    while (sinfo := on_master(c, "sinfo -h -o '%t %N'")).split() != ["idle", "node[0-1]"]:
+        assert time.monotonic() < deadline, sinfo
+        time.sleep(2)
+
+
+# A host on the LAN that is not one of the lab's: its own address, Slurm's own programs (those of a stock
+# host) and a munge key of its own. It tries to submit a job, to run one with srun, to read the cluster,
+# and to join it as node1 (a slurmd that registers under that name).
+OUTSIDER_ATTEMPTS = r"""
+d=/tmp/outsider; mkdir -m 700 "$d"
+head -c 48 /dev/urandom | base64 -w0 > "$d/key"; chmod 400 "$d/key"
+munged -F --force --key-file="$d/key" --socket="$d/sock" --pid-file="$d/pid" --log-file="$d/log" \
+  --seed-file="$d/seed" 2>/dev/null & munged=$!
+for _ in $(seq 50); do [ -S "$d/sock" ] && break; sleep 0.1; done
+sed -e "s|^AuthType=auth/munge|&\nAuthInfo=socket=$d/sock|" -e "s|^SlurmdSpoolDir=.*|SlurmdSpoolDir=$d|" \
+  -e "s|^SlurmdPidFile=.*|SlurmdPidFile=$d/slurmd.pid|" \
+  -e "s|^SlurmdLogFile=.*|SlurmdLogFile=$d/slurmd.log|" /etc/slurm/slurm.conf > "$d/slurm.conf"
+cp /etc/slurm/cgroup.conf "$d/"
+export SLURM_CONF="$d/slurm.conf"
+echo "== sbatch"; sbatch --job-name=outsider --wrap 'touch /tmp/outsider-ran' 2>&1; echo "rc=$?"
+echo "== srun"; timeout 60 srun --job-name=outsider -N1 -w node1 touch /tmp/outsider-ran 2>&1; echo "rc=$?"
+echo "== sinfo"; sinfo -h 2>&1; echo "rc=$?"
+echo "== join"; timeout 8 slurmd -D -N node1 -f "$d/slurm.conf" > /dev/null 2>&1; echo "rc=$?"
+kill "$munged"; wait "$munged" 2>/dev/null; rm -rf "$d"
+"""
+
+
+def test_a_host_outside_the_lab_can_neither_run_a_job_nor_join(lab):
+    """No one let in. Slurm's ports answer the whole LAN here (node0's ufw is off as its user keeps it,
+    node1 has no firewall), so the munge key is what keeps others out. A real attempt from a host outside
+    the inventory (simlan.outsider): slurmctld refuses each request as not signed by the lab's key, no job
+    exists and nothing ran, node1 is still the lab's own."""
+    c = lab["cluster"]
+    log = ["cat", "/var/log/slurm/slurmctld.log"]  # root's to read
+    log_lines = len(c.exec("node0", log, check=True).stdout.splitlines())
+    with outsider(c, programs_of="node1") as argv:
+        tried = subprocess.run(argv + ["bash", "-s"], input=OUTSIDER_ATTEMPTS, capture_output=True, text=True,
+                               timeout=180)
+    out = tried.stdout
+    assert tried.returncode == 0, out + tried.stderr[-2000:]
+    attempts = {name: code for name, _, code in re.findall(r"^== (\w+)\n(.*?)^rc=(\d+)$", out, re.M | re.S)}
+    assert set(attempts) == {"sbatch", "srun", "sinfo", "join"}, out
+    assert all(code != "0" for code in attempts.values()), out
+    for refused in ("Batch job submission failed: Zero Bytes were transmitted or received",
+                    "srun: error: Unable to allocate resources: Zero Bytes were transmitted or received",
+                    "slurm_load_partitions: Zero Bytes were transmitted or received"):
+        assert refused in out, out
+    addr = outsider_address()
+    seen = "\n".join(c.exec("node0", log, check=True).stdout.splitlines()[log_lines:])
+    for request in ("REQUEST_SUBMIT_BATCH_JOB", "REQUEST_RESOURCE_ALLOCATION",
+                    "MESSAGE_NODE_REGISTRATION_STATUS"):
+        assert re.search(rf"\[\[{re.escape(addr)}\]:\d+\] auth_g_verify: {request} has authentication error",
+                         seen), seen[-3000:]
+    assert "outsider" not in on_master(c, "squeue -h --states=all -o %j")
+    for host in ("node0", "node1"):
+        assert c.exec(host, ["test", "-e", "/tmp/outsider-ran"]).returncode != 0, host
+    assert on_master(c, "sinfo -h -N -o '%N %t %o'").split() == ["node0", "idle", c.host("node0").addr,
+                                                                 "node1", "idle", c.host("node1").addr]
+
+
+def test_a_node_lost_mid_job_ends_the_job_and_status_names_it(lab):
+    """node1 loses power while the job trains (simlan kill-host: every process gone, cable pulled). Slurm
+    marks it down after SlurmdTimeout and ends the job (NODE_FAIL), which ends node0's rank too if gloo's
+    timeout has not ended it first (both take about 45 s); the job is not requeued (a rerun would start over
+    in the same run folder). status.yml names node1 as the cause. Switched on again, node1 serves the
+    cluster after slurm.yml restarts its daemons. Last in the module: it takes a host down."""
+    c, inv = lab["cluster"], lab["inv"]
+    launched = playbook("launch.yml", inventory=inv, extra={"ddplab_run_id": "lost-node",
+                                                           "ddplab_trainer_steps": 3000}, timeout=600)
+    assert launched.returncode == 0, tail(launched)
+    metrics = "~/ddplab/runs/lost-node/out/metrics.rank0.jsonl"
+    deadline = time.monotonic() + 300
+    while not re.search(r'"step": [3-9]', on_master(c, f"cat {metrics} 2>/dev/null || true")):
+        assert time.monotonic() < deadline, on_master(c, "squeue; tail -5 ~/ddplab/runs/lost-node/launch.log")
+        time.sleep(2)
+    t0 = time.monotonic()
+    c.kill_host("node1")
+    try:
+        job = ""
+        while "NODE_FAIL" not in job:
+            assert time.monotonic() < t0 + 240, job
+            time.sleep(3)
+            job = on_master(c, "squeue -h --states=all --name=ddplab-lost-node -o %T")
+        print(f"\nslurm: node1 lost mid-job; the job ended NODE_FAIL {time.monotonic() - t0:.0f} s later")
+        status = playbook("status.yml", inventory=inv, extra={"ddplab_run_id": "lost-node"}, timeout=600)
+        assert re.search(r"^\s*\"node1\s+rank 1\s+unreachable", status.stdout, re.M), tail(status)
+        # whichever came first: Slurm ended node0's rank (NODE_FAIL), or gloo's timeout did (it lost its peer)
+        ended = (r"node0\s+rank 0\s+(failed \(no exit code; its Slurm job is NODE_FAIL\)\s+step \d+/3000"
+                 r"|failed \(exit code 1\)\s+step \d+/3000 .*\| ddplab: error: lost peer rank 1 \(node1)")
+        assert re.search(ended, status.stdout), tail(status)
+        assert "failed first: node1 (rank 1, unreachable)" in status.stdout, tail(status)
+        assert job.split() == ["NODE_FAIL"], job  # ended once, not requeued
+    finally:
+        c.revive_host("node1")
+    again = playbook("slurm.yml", inventory=inv, timeout=600)
+    assert again.returncode == 0, tail(again)
+    deadline = time.monotonic() + 90  # ReturnToService=2: it registers and is idle again
     while (sinfo := on_master(c, "sinfo -h -o '%t %N'")).split() != ["idle", "node[0-1]"]:
         assert time.monotonic() < deadline, sinfo
         time.sleep(2)
