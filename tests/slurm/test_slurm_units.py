@@ -83,6 +83,13 @@ def test_daemon_specs_restart_only_what_read_the_changed_file():
     assert [d["restart"] for d in conf.slurm_daemon_specs(daemons_var, False, False)] == [False, False]
 
 
+def test_missing_packages_are_those_dpkg_does_not_list_as_installed():
+    lines = ["installed munge", "not-installed slurmd", "config-files slurm-client", ""]  # slurmctld: unknown
+    assert conf.slurm_missing_packages(lines, ["munge", "slurmd", "slurm-client", "slurmctld"]) == \
+        ["slurmd", "slurm-client", "slurmctld"]
+    assert conf.slurm_missing_packages(["installed munge", "installed slurmd"], ["munge", "slurmd"]) == []
+
+
 SCONTROL = [f"NodeName=node{i} Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=10.77.7.1{i} "
             f"NodeHostName=node{i} State=IDLE" for i in (0, 1)]
 

@@ -4,10 +4,12 @@ submitted with sbatch. docs/slurm.md's commands run as typed, `-i` naming this m
 The hosts are the ones test_stock_ddplab.py prepared, with ufw installed and inactive on node0, when both
 modules run (`make test`, tests/stock/conftest.py); bare ones when this module runs alone.
 
-One cluster serves the module, in order: slurm.yml on hosts without Slurm (then changed=0, and --check --diff
-changed=0), a 2-node run through sbatch to the end with a rank on each node, two runs submitted while another
-user's job holds the nodes (both queue, then run one after the other), the script `python -m ddplab export
-sbatch` writes, submitted with sbatch. Times are printed (`pytest -s`)."""
+One cluster serves the module, in order: slurm.yml --check on hosts without Slurm (it says what it would
+install), slurm.yml (then changed=0, and --check --diff changed=0), a 2-node run through sbatch to the end
+with a rank on each node, two runs submitted while another user's job holds the nodes (both queue, then run
+one after the other), the script `python -m ddplab export sbatch` writes, submitted with sbatch; a stopped
+slurmd named by preflight; a host outside the lab refused; a node lost mid-job.
+Times are printed (`pytest -s`)."""
 
 from __future__ import annotations
 
@@ -59,6 +61,11 @@ def on_master(c, cmd: str) -> str:
 
 def test_slurm_cluster_from_hosts_without_slurm_runs_a_two_node_job(lab):
     c, inv = lab["cluster"], lab["inv"]
+    # --check on hosts without Slurm: says what it would install, changes nothing, makes no munge key
+    dry = playbook("slurm.yml", "--check", "--diff", inventory=inv, timeout=600)
+    assert dry.returncode == 0, tail(dry)
+    assert "node1: would install munge, slurmd, slurm-client;" in dry.stdout, tail(dry)
+    assert not (lab["runs"] / ".slurm").exists()
     setup = docs_command(SLURM_DOCS[0], inv)
     t_setup = time.monotonic() - lab["t0"]
     assert setup.returncode == 0, tail(setup)

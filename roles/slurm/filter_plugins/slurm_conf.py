@@ -76,7 +76,14 @@ def slurm_daemon_specs(daemons: list[dict], key_changed: bool, conf_changed: boo
              "restart": any(changed[c] for c in d.get("changed_by", []))} for d in daemons]
 
 
+def slurm_missing_packages(dpkg_lines: list[str], packages: list[str]) -> list[str]:
+    """The packages of `packages` that dpkg does not list as installed (`dpkg-query -W -f='${db:Status-Status}
+    ${Package}\n'` lines; a package dpkg never heard of prints nothing)."""
+    installed = {w[1] for w in (line.split() for line in dpkg_lines) if len(w) == 2 and w[0] == "installed"}
+    return [p for p in packages if p not in installed]
+
+
 class FilterModule:
     def filters(self):
         return {"slurm_conf": slurm_conf, "slurm_names": slurm_names,
-                "slurm_daemon_specs": slurm_daemon_specs}
+                "slurm_daemon_specs": slurm_daemon_specs, "slurm_missing_packages": slurm_missing_packages}
