@@ -2,10 +2,11 @@
 sudo password, no tmux/venv/torch/ufw, the stock 127.0.1.1 line, PyPI out of reach) taken from bare to a
 trained run by the README's commands, as `lab`, with become only where root is needed.
 
-One cluster serves the module, in order: prepare twice (changed>0, then 0), launch, firewall turned on,
-firewall cleanup; then sudo's password typed at --ask-become-pass (and a vaulted one), a live run of another
-id that prepare refuses unless replace is asked, and root's listener on the master port named, not
-killed. node0 starts with ufw installed, inactive, holding the user's own `limit 22/tcp`.
+One cluster serves the module, in order: prepare --check (nothing changes), prepare twice (changed>0,
+then 0), launch, firewall turned on, firewall cleanup; then sudo's password typed at --ask-become-pass (and
+a vaulted one), a live run of another id that prepare refuses unless replace is asked, and root's listener
+on the master port named, not killed. node0 starts with ufw installed, inactive, holding the user's own
+`limit 22/tcp`.
 The times of the first and second prepare are printed (`pytest -s`). The hosts, prepared, then serve
 test_slurm.py (tests/stock/conftest.py), so every test here leaves them as a user would have them."""
 
@@ -73,6 +74,21 @@ def prepared(stock):
     print(f"\nstock hosts: first prepare (apt + wheelhouse push + offline torch install) {t1 - t0:.0f} s, "
           f"second prepare {t2 - t1:.0f} s")
     return first, second
+
+
+def test_check_on_bare_hosts_says_what_it_would_install_and_changes_nothing(stock):
+    """The first thing a careful user runs on a machine they care about: prepare.yml --check --diff. It
+    ends without an error (apt's own check mode needs python3-apt, which a stock Debian lacks; the shards
+    cannot be hashed before the code is there) and leaves the hosts as they were."""
+    c = stock["cluster"]
+    dry = playbook("prepare.yml", "--check", "--diff", inventory=stock["inv"], extra=stock["extra"],
+                   timeout=600)
+    assert dry.returncode == 0, tail(dry)
+    for host in ("node0", "node1"):
+        assert f"{host}: would install tmux, rsync, python3-venv" in dry.stdout, tail(dry)
+        left = as_lab(c, host, "test -e ~/ddplab || command -v tmux || command -v rsync "
+                               "|| dpkg -s python3-apt >/dev/null 2>&1")
+        assert left.returncode != 0, f"{host}: {left.stdout}"
 
 
 def test_prepare_installs_as_lab_then_changes_nothing(stock, prepared):
