@@ -241,9 +241,10 @@ def test_a_host_outside_the_lab_can_neither_run_a_job_nor_join(lab):
     attempts = {name: code for name, _, code in re.findall(r"^== (\w+)\n(.*?)^rc=(\d+)$", out, re.M | re.S)}
     assert set(attempts) == {"sbatch", "srun", "sinfo", "join"}, out
     assert all(code != "0" for code in attempts.values()), out
-    for refused in ("Batch job submission failed: Zero Bytes were transmitted or received",
-                    "srun: error: Unable to allocate resources: Zero Bytes were transmitted or received",
-                    "slurm_load_partitions: Zero Bytes were transmitted or received"):
+    # the client's words depend on when slurmctld dropped the connection ("Zero Bytes were transmitted or
+    # received", or on a busy machine "Socket timed out on send/recv operation"); its log says why
+    for refused in ("sbatch: error: Batch job submission failed: ",
+                    "srun: error: Unable to allocate resources: ", "slurm_load_partitions: "):
         assert refused in out, out
     addr = outsider_address()
     seen = "\n".join(c.exec("node0", log, check=True).stdout.splitlines()[log_lines:])
