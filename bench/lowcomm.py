@@ -63,14 +63,15 @@ MODES = {
                           ["--sync-every", "16", "--sync-every-after", "{warm}", "--comm", "int8", *AVG],
                           "h16-avg-int8"),
     "h16-avg-int4": ("H16, averaging, int4", ["--sync-every", "16", "--comm", "int4", *AVG], "h16-avg-int8"),
+    # int4 is 7.5x fewer bytes than fp32: H14 is the fewest local steps at >= 100x (1/105)
+    "h14-avg-int4": ("H14, averaging, int4", ["--sync-every", "14", "--comm", "int4", *AVG], "h16-avg-int4"),
     # post-local SGD at >= 16x fewer bytes: 64 per-step DDP steps, then a sync every 64 (1/18 at 1,600 steps)
     "h64-avg-warm": ("H64, averaging, fp32, per-step warm-up (1/25 of the steps)",
                      ["--sync-every", "64", "--sync-every-after", "{warm}", *AVG], "h16-avg"),
 }
-# what a plain `make bench-lowcomm` runs (2 seeds x 3 runs, ~40 min on this shared machine): the settings
-# docs/scaling.md recommends at 16x and at 120x fewer bytes (measured on --corpus stdlib); the others were
-# measured with --modes and --join
-DEFAULT_MODES = ("h8-avg-bf16", "h16-avg-int4")
+# what a plain `make bench-lowcomm` runs (2 seeds x 3 runs): the settings docs/scaling.md recommends at 16x
+# and at 100x fewer bytes (measured on --corpus stdlib); the others were measured with --modes
+DEFAULT_MODES = ("h8-avg-bf16", "h14-avg-int4")
 TARGETS = [(16, 0.01), (100, 0.03)]  # (bytes per step at least this many times fewer, val loss within)
 # corpus: (what it is, its shard folder, where its report goes by default); each is prepared once, reused
 CORPORA = {

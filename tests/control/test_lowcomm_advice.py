@@ -1,8 +1,10 @@
 """The run report's low-communication advice (ddplab/lowcomm_advice.py) against the committed long study
-(bench/results/lowcomm-stdlib/report.json, its codec timing from bench/results/lowcomm/): when it speaks,
-what it offers, and the step it estimates."""
+(bench/results/lowcomm-stdlib/report.json, with its codec timing; a study without one borrows
+bench/results/lowcomm/'s): when it speaks, what it offers, and the step it estimates."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -13,10 +15,17 @@ STUDY = L.load_study()
 RUN = {"world_size": 2, "local_sgd": None, "params": 459_008, "step_ms_p50": 100.0, "exposed_ms_p50": 60.0}
 
 
-def test_the_committed_study_is_read_with_the_wire_measurement_of_the_built_in_corpus():
+def test_the_committed_study_is_read_with_its_own_wire_measurement():
     assert STUDY is not None and STUDY["corpus"]["name"] == "stdlib"
     assert [t["fewer_bytes"] for t in STUDY["targets"]] == [16, 100]
-    assert STUDY["wire"] == L._read(L.WIRE)["wire"] and STUDY["wire"]["numel"] > 0
+    assert STUDY["wire"] == L._read(L.STUDY)["wire"] and STUDY["wire"]["numel"] > 0
+
+
+def test_a_study_without_its_own_wire_measurement_borrows_the_built_in_corpus_one(tmp_path):
+    bare = tmp_path / "study.json"
+    bare.write_text(json.dumps({k: v for k, v in L._read(L.STUDY).items() if k != "wire"}))
+    assert L.load_study(bare)["wire"] == L._read(L.WIRE)["wire"]
+    assert L.load_study(bare, wire=tmp_path / "missing.json") is None  # codecs not timed: no section
 
 
 @pytest.mark.parametrize("change", [
@@ -34,7 +43,6 @@ def test_nothing_is_said_without_a_communication_bound_per_step_run(change):
 
 def test_nothing_is_said_without_the_study(tmp_path):
     assert L.load_study(tmp_path / "missing.json") is None
-    assert L.load_study(wire=tmp_path / "missing.json") is None  # the codecs cannot be timed: no section
     assert L.advice(RUN, None) is None
 
 
@@ -69,8 +77,8 @@ def test_a_codec_costs_its_measured_cpu_time_per_value_once_per_sync():
     assert L.codec_ms_per_value(STUDY, "fp32") == 0.0
     small, large = (L.advice({**RUN, "params": p}, STUDY) for p in (459_008, 124_000_000))
     int4 = [next(o for o in a["options"] if "int4" in o["flags"]) for a in (small, large)]
-    fewer = int4[0]["fewer_bytes"]
-    assert int4[0]["step_ms_estimate"] == pytest.approx(40.0 + 60.0 / fewer + per_value * 459_008 / 16)
+    fewer, every = int4[0]["fewer_bytes"], int(L._flag(int4[0]["flags"], "--sync-every", "1"))
+    assert int4[0]["step_ms_estimate"] == pytest.approx(40.0 + 60.0 / fewer + per_value * 459_008 / every)
     assert int4[1]["speedup_estimate"] < 1 < int4[0]["speedup_estimate"]
 
 
