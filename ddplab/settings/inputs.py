@@ -215,6 +215,21 @@ def shards(v: dict) -> list[Problem]:
     return []
 
 
+def slurm_nodes(v: dict, lab_nodes: int) -> list[Problem]:
+    """ddplab_slurm_nodes: a part of the lab, for a Slurm run only."""
+    n = v["ddplab_slurm_nodes"]
+    if n == 0:
+        return []
+    if v["ddplab_scheduler"] != "slurm":
+        return [_p("ddplab_slurm_nodes", f"{n} with ddplab_scheduler {v['ddplab_scheduler']}",
+                   "0 (every node) unless ddplab_scheduler is slurm: a tmux run trains on every node",
+                   "set ddplab_slurm_nodes: 0, or ddplab_scheduler: slurm")]
+    if n > lab_nodes:
+        return [_p("ddplab_slurm_nodes", f"{n} but the lab has {lab_nodes} nodes",
+                   f"1..{lab_nodes} (0: every node)", f"set ddplab_slurm_nodes to {lab_nodes} or fewer")]
+    return []
+
+
 def scheduler(v: dict) -> list[Problem]:
     """What a Slurm run cannot do, refused before any node is touched."""
     if v["ddplab_scheduler"] != "slurm":

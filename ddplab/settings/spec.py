@@ -144,6 +144,9 @@ SETTINGS: tuple[Setting, ...] = (
             "makes the lab a Slurm cluster; ddplab_elastic is refused).", choices=("none", "slurm")),
     Setting("ddplab_slurm_controller", "str", "",
             "ddplab_scheduler slurm: the node that runs slurmctld (an inventory name); \"\" = the master."),
+    Setting("ddplab_slurm_nodes", "int", 0,
+            "ddplab_scheduler slurm: the run trains on the nodes of rank 0..N-1 only (the master and the "
+            "next ranks), leaving the others free for other jobs; 0 = every node of the lab.", min=0),
     Setting("ddplab_slurmctld_port", "int", 6817,
             "ddplab_scheduler slurm: slurmctld's TCP port (opened to the lab's nodes only).",
             min=1, max=65535),
@@ -256,7 +259,7 @@ BY_NAME = {s.name: s for s in SETTINGS}
 # Facts the roles set at run time (roles/ddplab/tasks, playbooks): never settings, never reported.
 INTERNAL = frozenset({
     "ddplab_lab", "ddplab_run", "ddplab_run_dir", "ddplab_control_run_dir", "ddplab_master_host",
-    "ddplab_master_addr", "ddplab_node_addr", "ddplab_world_size", "ddplab_all_local",
+    "ddplab_master_addr", "ddplab_node_addr", "ddplab_world_size", "ddplab_run_hosts", "ddplab_all_local",
     "ddplab_last_run", "ddplab_run_id_mode", "ddplab_root_abs", "ddplab_rank_cwd",
     # roles/lab_facts (facts and the task vars that build them) and the --limit plays
     "ddplab_addrs", "ddplab_byo", "ddplab_master_lab", "ddplab_master_root_abs", "ddplab_left_out",

@@ -180,6 +180,8 @@ def validate(inv: dict, *, network: bool = True) -> list[Problem]:
     for h in nodes:
         if "ddplab_env" in values[h]:
             problems += inputs.env(values[h], h)
+    if not bad.intersection(("ddplab_slurm_nodes", "ddplab_scheduler")):
+        problems += inputs.slurm_nodes(first, len(nodes))
     masters = inv["groups"].get(layout.MASTER) or []
     if len(masters) == 1 and masters[0] in values and "ddplab_node_rank" not in bad:
         problems += layout.ranks(nodes, masters[0], {h: values[h].get("ddplab_node_rank") for h in nodes})

@@ -176,6 +176,17 @@ def test_settings_refuse_elastic_under_slurm_with_one_message():
     assert ports.subject == "ddplab_srun_ports"
 
 
+def test_a_run_on_part_of_the_lab_is_a_slurm_run_of_at_most_the_labs_nodes():
+    from ddplab.settings import inputs
+    base = {"ddplab_scheduler": "slurm", "ddplab_slurm_nodes": 2}
+    assert inputs.slurm_nodes(base, 3) == []
+    assert inputs.slurm_nodes({**base, "ddplab_slurm_nodes": 0}, 3) == []
+    (tmux,) = inputs.slurm_nodes({**base, "ddplab_scheduler": "none"}, 3)
+    assert tmux.subject == "ddplab_slurm_nodes" and "ddplab_scheduler: slurm" in tmux.fix
+    (many,) = inputs.slurm_nodes({**base, "ddplab_slurm_nodes": 4}, 3)
+    assert many.found == "4 but the lab has 3 nodes" and "3 or fewer" in many.fix
+
+
 # The munge key task's content, rendered by Ansible's templar in a child process (importing ansible here
 # patches sys.intern for the rest of this pytest process, tests/slurm/test_export_sbatch.py).
 RENDER_MUNGE_KEY = """

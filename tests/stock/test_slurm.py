@@ -7,7 +7,8 @@ modules run (`make test`, tests/stock/conftest.py); bare ones when this module r
 One cluster serves the module, in order: slurm.yml --check on hosts without Slurm (it says what it would
 install), slurm.yml (then changed=0, and --check --diff changed=0), a 2-node run through sbatch to the end
 with a rank on each node, two runs submitted while another user's job holds the nodes (both queue, then run
-one after the other), the script `python -m ddplab export sbatch` writes, submitted with sbatch; a stopped
+one after the other), a run on part of the lab (ddplab_slurm_nodes) beside another user's job, the script
+`python -m ddplab export sbatch` writes, submitted with sbatch; a stopped
 slurmd named by preflight; a host outside the lab refused; a node lost mid-job.
 Times are printed (`pytest -s`)."""
 
@@ -126,7 +127,8 @@ def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
                             extra={"ddplab_run_id": run_id, "ddplab_trainer_steps": 30}, timeout=600)
             assert proc.returncode == 0, tail(proc)
             # queued, not refused (the reason shows once slurmctld's next scheduling pass saw the job)
-            pending = rf"run {run_id} is Slurm job \d+ \(pending(, (Resources|Priority))?\)"
+            # (Resources, Priority, or "Nodes required for job are DOWN, ..." while a busy node answers late)
+            pending = rf"run {run_id} is Slurm job \d+ \(pending(, [^)]+)?\); its output"
             assert re.search(pending, proc.stdout), tail(proc)
     finally:
         on_master(c, f"scancel {other}")
@@ -145,6 +147,33 @@ def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
     for run_id in ("queue-a", "queue-b"):
         st = playbook("status.yml", inventory=inv, extra={"ddplab_run_id": run_id}, timeout=300)
         assert re.search(r"node0\s+rank 0\s+finished", st.stdout), tail(st)
+
+
+def test_a_run_on_part_of_the_lab_trains_while_another_job_holds_the_rest(lab):
+    """ddplab_slurm_nodes 1: the job asks for node0 alone (rank 0), so it runs at once while another user's
+    job holds node1, and everything of the run (status, outcome, logs, summary) is of node0 alone."""
+    c, inv = lab["cluster"], lab["inv"]
+    other = on_master(c, "sbatch --parsable --exclusive -N 1 -w node1 --job-name=other-user --chdir=/tmp "
+                      "--output=/dev/null --wrap 'sleep 900'").strip()
+    try:
+        t0 = time.monotonic()
+        run = playbook("launch.yml", inventory=inv, extra={"ddplab_run_id": "part-a", "ddplab_slurm_nodes": 1,
+                                                           "ddplab_trainer_steps": 5, "ddplab_wait": "true"},
+                       timeout=600)
+        print(f"\nslurm: a 1-node run beside another user's job on node1, launched to collected in "
+              f"{time.monotonic() - t0:.0f} s")
+        assert run.returncode == 0, tail(run, 120)
+        assert "other-user" in on_master(c, f"squeue -h -j {other} -o '%j %T'")  # still holding node1
+    finally:
+        on_master(c, f"scancel {other}")
+    summary = json.loads((lab["runs"] / "part-a" / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["exit_codes"] == {"node0/rank0": 0}, summary
+    assert "rank 0/1 on node0" in on_master(c, "cat ~/ddplab/runs/part-a/slurm-*.out")
+    assert c.exec("node1", ["test", "-e", "/home/lab/ddplab/runs/part-a"]).returncode != 0
+    status = playbook("status.yml", inventory=inv, extra={"ddplab_run_id": "part-a", "ddplab_slurm_nodes": 1},
+                      timeout=300)
+    assert re.search(r"node0\s+rank 0\s+finished", status.stdout), tail(status)
+    assert not re.search(r"node1\s+rank 1", status.stdout), tail(status)  # no row: not in the run
 
 
 def test_exported_sbatch_script_trains_on_both_nodes(lab):
