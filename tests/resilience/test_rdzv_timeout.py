@@ -24,7 +24,8 @@ def _render(tmp_path, port: int) -> dict[str, str]:
     facts = {"ddplab_lab": lab, "ddplab_run": "run-rdzv", "ddplab_run_dir": f"{lab['runs']}/run-rdzv",
              "ddplab_rank_cwd": f"{lab['runs']}/run-rdzv",
              "ddplab_master_addr": "127.0.0.1", "ddplab_master_port": port, "ddplab_node_rank": 0,
-             "ddplab_world_size": 2, "ddplab_node_addr": "127.0.0.1", "ddplab_rdzv_timeout": RDZV_TIMEOUT_S,
+             "ddplab_world_size": 2, "ddplab_run_hosts": ["node0", "node1"], "ddplab_node_addr": "127.0.0.1",
+             "ddplab_rdzv_timeout": RDZV_TIMEOUT_S,
              "ddplab_byo": False,
              "launch_rank_python": sys.executable, "launch_rank_threads": 1, "launch_resume_run": False}
     return render_launch(facts)
