@@ -276,10 +276,13 @@ def test_a_host_outside_the_lab_can_neither_run_a_job_nor_join(lab):
                     "srun: error: Unable to allocate resources: ", "slurm_load_partitions: "):
         assert refused in out, out
     addr = outsider_address()
-    requests = ("REQUEST_SUBMIT_BATCH_JOB", "REQUEST_RESOURCE_ALLOCATION", "MESSAGE_NODE_REGISTRATION_STATUS")
-    refusals = [rf"\[\[{re.escape(addr)}\]:\d+\] auth_g_verify: {r} has authentication error"
-                for r in requests]
-    deadline = time.monotonic() + 30  # a busy slurmctld may log a refusal after the client gave up waiting
+    # slurmctld names each refused request with the outsider's address; on a busy machine a client may give up
+    # before the controller reads its request (CI19: sbatch and srun timed out, sinfo and the join were
+    # logged), so the log must show the join refused and at least one client request refused
+    who = rf"\[\[{re.escape(addr)}\]:\d+\] auth_g_verify:"
+    refusals = [rf"{who} MESSAGE_NODE_REGISTRATION_STATUS has authentication error",
+                rf"{who} REQUEST_\w+ has authentication error"]
+    deadline = time.monotonic() + 30
     while True:
         seen = "\n".join(c.exec("node0", log, check=True).stdout.splitlines()[log_lines:])
         missing = [r for r in refusals if not re.search(r, seen)]
