@@ -1,7 +1,8 @@
 """Star vs relay: the time to give every node the same data, and the bytes that leave the control host.
 
     .venv/bin/python bench/distribution.py [--nodes 2 4 8] [--size-mb 1024] [--rounds 3]
-                                           [--uplink 100mbit] [--lan 1gbit]
+                                           [--uplink 100mbit] [--lan 1gbit] [--scenarios shaped flat]
+                                           [--out bench/results/distribution]
 
 One simlan cluster of max(--nodes) root hosts, every host's link at --lan (simlan --rate). Two scenarios:
 ``shaped``: the control host's uplink (tc tbf on the bridge ``lab<k>``: what the root namespace sends into
@@ -219,9 +220,9 @@ def summary(runs: list[dict], limit_s: float) -> dict:
             "x_limit": round(med / limit_s, 2), "runs": runs}
 
 
-def write_report(report: dict) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+def write_report(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     size = report["size_bytes"]
     lines = [f"# Star vs relay: {size / 2**20:.0f} MiB to N simulated nodes", "",
              f"{report['rounds']} interleaved rounds; LAN {report['lan']} per host; median (min-max) s; "
@@ -242,11 +243,11 @@ def write_report(report: dict) -> None:
                   f"{r['resumed_control_bytes']:,} more control bytes, sha256 proven on "
                   f"{r['sha256_proven_on']} nodes."]
     lines += ["", f"Machine: {report['machine']}"]
-    (OUT / "report.md").write_text("\n".join(lines) + "\n")
-    plot(report)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    plot(report, out)
 
 
-def plot(report: dict) -> None:
+def plot(report: dict, out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -266,7 +267,7 @@ def plot(report: dict) -> None:
                ylabel="seconds (median, min-max)", xticks=ns)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(OUT / "distribution.png", dpi=100)
+    fig.savefig(out / "distribution.png", dpi=100)
 
 
 def main(argv=None) -> int:
@@ -276,9 +277,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--uplink", default="100mbit")
     ap.add_argument("--lan", default="1gbit")
+    ap.add_argument("--scenarios", nargs="+", choices=("shaped", "flat"), default=["shaped", "flat"],
+                    help="shaped: the control host's uplink at --uplink; flat: at --lan")
+    ap.add_argument("--out", type=Path, default=OUT, help="where report.json, report.md and the plot go")
     ap.add_argument("--no-resume", action="store_true", help="skip the interrupted-relay check")
     a = ap.parse_args(argv)
-    uplinks = {"shaped": a.uplink, "flat": a.lan}
+    uplinks = {s: {"shaped": a.uplink, "flat": a.lan}[s] for s in a.scenarios}
     top = max(a.nodes)
     sh([sys.executable, "-m", "simlan", "up", "--nodes", str(top), "--rate", a.lan, "--force"], cwd=REPO)
     results: dict = {s: {str(n): {"star": [], "relay": []} for n in a.nodes} for s in uplinks}
@@ -316,8 +320,8 @@ def main(argv=None) -> int:
               "resume": resume,
               "machine": f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end; simlan root "
                          f"hosts (lab {lab()}), rsync over ssh on one machine"}
-    write_report(report)
-    print((OUT / "report.md").read_text())
+    write_report(report, a.out)
+    print((a.out / "report.md").read_text())
     return 0
 
 

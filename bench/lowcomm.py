@@ -55,6 +55,9 @@ MODES = {
     "ddp": ("per-step DDP, fp32 (reference)", [], None),
     "h16-avg": ("H16, averaging, fp32", ["--sync-every", "16", *AVG], None),
     "h8-avg-bf16": ("H8, averaging, bf16", ["--sync-every", "8", "--comm", "bf16", *AVG], "h16-avg"),
+    # the same, each sync under the next 8 steps (it lands one sync late): what hides the transfer on a link
+    "h8-avg-bf16-ovl": ("H8, averaging, bf16, overlapped (--sync-overlap)",
+                        ["--sync-every", "8", "--comm", "bf16", "--sync-overlap", *AVG], "h8-avg-bf16"),
     "h16-diloco": ("H16, Nesterov outer lr 0.7 momentum 0.9 (DiLoCo)", ["--sync-every", "16"], "h16-avg"),
     "h16-nest-1-0.5": ("H16, Nesterov outer lr 1.0 momentum 0.5",
                        ["--sync-every", "16", "--outer-lr", "1", "--outer-momentum", "0.5"], "h16-avg"),

@@ -11,12 +11,14 @@ ranks synchronize once:
   synchronized parameters with it. Every rank holds the same outer state and applies the same
   all-reduced gradient, so parameters are bit-identical after every sync (checked by agreement.py).
 
-The all-reduce is torch's own `model_averaging.utils.average_parameters` (flatten, divide by the world
-size, one all-reduce, unflatten), on the parameters themselves for plain averaging (exactly what
-torch's `PeriodicModelAverager` does) or on the parameter deltas for DiLoCo. With `--comm bf16` or
+The all-reduce is what torch's `model_averaging.utils.average_parameters` does (flatten, divide by the
+world size, one all-reduce, unflatten), on the parameters themselves for plain averaging (exactly what
+torch's `PeriodicModelAverager` does) or on the parameter deltas for DiLoCo, into one flat buffer made at
+the first sync and kept (a fresh one per sync pays its page faults every time: for the 128M model that
+took longer than the transfer at 1 Gbit/s). With `--comm bf16` or
 `fp16` the deltas travel in 16 bits (half the bytes of a sync; DiLoCo's outer gradients tolerate it, as
-DDP's gradients tolerate its bf16 hook): they are flattened into one buffer, cast, all-reduced and cast
-back, so every rank applies the same mean; plain averaging then keeps an anchor too (the parameters
+DDP's gradients tolerate its bf16 hook): the flat buffer is cast into a kept 16-bit one, all-reduced and
+cast back, so every rank applies the same mean; plain averaging then keeps an anchor too (the parameters
 themselves must not be rounded to 16 bits). Not used, and why:
 `PeriodicModelAverager` only averages parameters (no outer optimizer) and keeps its own step counter
 that would need checkpointing; the post-local-SGD comm hook needs DDP's one hook slot (held by
@@ -50,7 +52,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
 from trainer import quant_wire
 from trainer.metrics import percentile
@@ -86,6 +87,12 @@ class LocalSGD:
         self.outer = None
         self.overlap = overlap
         self.pending = None  # --sync-overlap: (all-reduce work, wire buffer, snapshot of the parameters)
+        # made at the first sync and kept: a fresh buffer per sync costs its page faults again (for the 128M
+        # model a 512 MB buffer's faults took longer than its 1 Gbit/s transfer)
+        self.flat: torch.Tensor | None = None  # the outer gradient (or the parameters), flat, fp32
+        self.views: list[torch.Tensor] = []  # flat, shaped as the parameters
+        self.wire_buf: torch.Tensor | None = None  # what a 16-bit sync hands to the all-reduce
+        self.snapshot: list[torch.Tensor] = []  # --sync-overlap: the parameters a started sync sent
         if not self.plain or self.wire != torch.float32 or overlap:
             # the synchronized parameters; the outer step moves these, then they are copied back
             self.anchor = [p.detach().clone() for p in self.params]
@@ -159,31 +166,46 @@ class LocalSGD:
         fp32 = self.wire == torch.float32
         return self.numel * (self.params[0].element_size() if fp32 else self.wire.itemsize)
 
-    def _mean_16bit(self, deltas: list[torch.Tensor], world: int) -> dict:
-        """Replace `deltas` by their mean over the ranks, sent as one 16-bit buffer (as DDP's
-        bf16/fp16 compress hooks do: divide first, so fp16's range holds the sum)."""
-        flat = torch.cat([d.reshape(-1) for d in deltas]).div_(world)
-        wire = flat.to(self.wire)
-        timed = self._all_reduce(lambda: dist.all_reduce(wire, group=self.group))
-        flat.copy_(wire)
-        for d, f in zip(deltas, _split(flat, deltas), strict=True):
-            d.copy_(f)
+    def _buffers(self) -> torch.Tensor:
+        """The flat fp32 buffer (and the 16-bit wire buffer), made at the first sync."""
+        if self.flat is None:
+            self.flat = torch.empty(self.numel, dtype=self.params[0].dtype, device=self.params[0].device)
+            self.views = _split(self.flat, self.params)
+            if not self.bits and self.wire != self.flat.dtype:
+                self.wire_buf = torch.empty(self.numel, dtype=self.wire, device=self.flat.device)
+        return self.flat
+
+    def _share_of_outer_gradient(self, world: int, params: list[torch.Tensor]) -> torch.Tensor:
+        """(anchor - params) / world into the flat buffer: this rank's share of the mean outer gradient."""
+        flat = self._buffers()
+        for v, a, p in zip(self.views, self.anchor, params, strict=True):
+            torch.sub(a, p, out=v)
+        return flat.div_(world)
+
+    def _mean_16bit(self, flat: torch.Tensor) -> dict:
+        """Replace this rank's share in `flat` by the sum of all shares (the mean), sent as one 16-bit buffer
+        (as DDP's bf16/fp16 compress hooks do: divide first, so fp16's range holds the sum)."""
+        self.wire_buf.copy_(flat)
+        timed = self._all_reduce(lambda: dist.all_reduce(self.wire_buf, group=self.group))
+        flat.copy_(self.wire_buf)
         return timed
 
-    def _mean_quantized(self, deltas: list[torch.Tensor], world: int) -> dict:
-        """Replace `deltas` by their mean over the ranks, each rank's share (delta / world) sent as int8/int4
-        codes with one fp32 scale per block and all-gathered (gloo cannot sum codes that carry their own
-        scales); every rank decodes the same payloads in rank order, so every rank applies the same mean."""
-        flat = torch.cat([d.reshape(-1) for d in deltas]).div_(world)
+    def _mean_quantized(self, flat: torch.Tensor, world: int) -> dict:
+        """Replace this rank's share in `flat` by the mean over the ranks, each share sent as int8/int4 codes
+        with one fp32 scale per block and all-gathered (gloo cannot sum codes that carry their own scales);
+        every rank decodes the same payloads in rank order, so every rank applies the same mean."""
         payload = quant_wire.encode(flat, self.bits)
         gathered = [torch.empty_like(payload) for _ in range(world)]
         timed = self._all_reduce(lambda: dist.all_gather(gathered, payload, group=self.group))
         flat.zero_()
         for g in gathered:
             flat.add_(quant_wire.decode(g, flat.numel(), self.bits))
-        for d, f in zip(deltas, _split(flat, deltas), strict=True):
-            d.copy_(f)
         return timed
+
+    def _mean_fp32(self, flat: torch.Tensor) -> dict:
+        """Replace this rank's share in `flat` (already divided by the world size) by the sum of all shares:
+        torch's average_parameters on one kept buffer (the same sum, bit for bit)."""
+        return self._all_reduce(lambda: dist.all_reduce(flat, group=self.group))
 
     def _all_reduce(self, send) -> dict:
         """The ranks meet first (a one-number all-reduce: the wait for the slowest rank, whose H steps took
@@ -213,12 +235,14 @@ class LocalSGD:
         t0 = time.perf_counter()
         self._finish_pending()
         world = dist.get_world_size(self.group) if dist.is_initialized() else 1
-        snapshot = [p.detach().clone() for p in self.params]
-        flat = torch.cat([(a - s).reshape(-1) for a, s in zip(self.anchor, snapshot, strict=True)])
-        flat.div_(world)
-        wire = flat if self.wire == flat.dtype else flat.to(self.wire)
+        if not self.snapshot:
+            self.snapshot = [torch.empty_like(p) for p in self.params]
+        for s, p in zip(self.snapshot, self.params, strict=True):
+            s.copy_(p)
+        flat = self._share_of_outer_gradient(world, self.snapshot)
+        wire = flat if self.wire_buf is None else self.wire_buf.copy_(flat)
         work = dist.all_reduce(wire, group=self.group, async_op=True) if world > 1 else None
-        self.pending = (work, wire, snapshot)
+        self.pending = (work, wire, self.snapshot)
         return {"wait_ms": 0.0, "sync_ms": (time.perf_counter() - t0) * 1e3,
                 "sync_bytes": self.bytes_per_sync if world > 1 else 0}
 
@@ -230,7 +254,9 @@ class LocalSGD:
         self.pending = None
         if work is not None:
             work.wait()
-        self._step_anchor(_split(wire.to(torch.float32), self.anchor))
+        if wire is not self.flat:
+            self.flat.copy_(wire)
+        self._step_anchor(self.views)
         for p, a, s in zip(self.params, self.anchor, snapshot, strict=True):
             p.sub_(s).add_(a)  # the new anchor plus what this rank learned since the snapshot
 
@@ -244,18 +270,23 @@ class LocalSGD:
         self._finish_pending()
         pending_ms = (time.perf_counter() - t0) * 1e3
         timed = {"wait_ms": 0.0, "sync_ms": 0.0}
-        if not self.anchor:  # plain fp32 averaging: the parameters themselves
+        if not self.anchor:  # plain fp32 averaging: the parameters themselves (average_parameters)
             if world > 1:
-                timed = self._all_reduce(lambda: average_parameters(iter(self.params), self.group))
+                flat = self._buffers()
+                for v, p in zip(self.views, self.params, strict=True):
+                    v.copy_(p)
+                timed = self._mean_fp32(flat.div_(world))
+                for p, v in zip(self.params, self.views, strict=True):
+                    p.copy_(v)
         else:
-            deltas = [a - p for a, p in zip(self.anchor, self.params, strict=True)]  # outer gradient
+            flat = self._share_of_outer_gradient(world, self.params)
             if world > 1 and self.bits:
-                timed = self._mean_quantized(deltas, world)
-            elif world > 1 and self.wire != torch.float32:
-                timed = self._mean_16bit(deltas, world)
-            elif world > 1:  # average_parameters rebinds each delta's .data to the mean
-                timed = self._all_reduce(lambda: average_parameters(iter(deltas), self.group))
-            self._step_anchor(deltas)
+                timed = self._mean_quantized(flat, world)
+            elif world > 1 and self.wire_buf is not None:
+                timed = self._mean_16bit(flat)
+            elif world > 1:
+                timed = self._mean_fp32(flat)
+            self._step_anchor(self.views)  # the mean outer gradient
             for p, a in zip(self.params, self.anchor, strict=True):
                 p.copy_(a)
         timed["sync_ms"] += pending_ms
