@@ -67,11 +67,12 @@ def speedup(row: dict) -> str:
 
 
 def sync_label(comm: str) -> str:
-    """local<H>[-bf16][-avg][-ovl] (bench/scaling_lab.py's run label) in words."""
+    """local<H>[-bf16][-avg][-ovl][-f<F>] (bench/scaling_lab.py's run label) in words."""
     m = LOCAL.fullmatch(comm)
     h, bf16, avg, ovl = int(m[1]), bool(m[2]), bool(m[3]), bool(m[4])
     outer = "averaging" if avg else f"DiLoCo {TrainConfig.outer_lr:g}/{TrainConfig.outer_momentum:g}"
-    return f"every {h} steps, {outer}, {'bf16' if bf16 else 'fp32'}" + (", overlapped" if ovl else "")
+    return (f"every {h} steps, {outer}, {'bf16' if bf16 else 'fp32'}" +
+            (f", in {m[5]} fragments" if m[5] else "") + (", overlapped" if ovl else ""))
 
 
 def sync_order(row: dict) -> tuple:
@@ -244,6 +245,7 @@ def report(name: str) -> Path:
 
 # name -> (the reports the table is made from, the function making it from them)
 TABLES = {"distribution": ((report("distribution"),), distribution),
+          "distribution_1g": ((report("distribution-1g"),), distribution),
           "local_sgd_long": ((report("scaling_lab_long"), report("scaling_lab")), local_sgd_long),
           "lowcomm": ((report("lowcomm"),), lowcomm),
           "lowcomm_stdlib": ((report("lowcomm-stdlib"),), lowcomm),

@@ -58,6 +58,13 @@ MODES = {
     # the same, each sync under the next 8 steps (it lands one sync late): what hides the transfer on a link
     "h8-avg-bf16-ovl": ("H8, averaging, bf16, overlapped (--sync-overlap)",
                         ["--sync-every", "8", "--comm", "bf16", "--sync-overlap", *AVG], "h8-avg-bf16"),
+    # Streaming DiLoCo's fragments: 1/4 of the model every 2 steps in turn (each every 8): the same bytes
+    "h8-avg-bf16-f4": ("H8, averaging, bf16, 4 fragments (--sync-fragments 4)",
+                       ["--sync-every", "8", "--comm", "bf16", "--sync-fragments", "4", *AVG], "h8-avg-bf16"),
+    # ... each fragment's sync under the next 2 steps (it lands at the next fragment's turn)
+    "h8-avg-bf16-f4-ovl": ("H8, averaging, bf16, 4 fragments, overlapped",
+                           ["--sync-every", "8", "--comm", "bf16", "--sync-fragments", "4", "--sync-overlap",
+                            *AVG], "h8-avg-bf16-ovl"),
     "h16-diloco": ("H16, Nesterov outer lr 0.7 momentum 0.9 (DiLoCo)", ["--sync-every", "16"], "h16-avg"),
     "h16-nest-1-0.5": ("H16, Nesterov outer lr 1.0 momentum 0.5",
                        ["--sync-every", "16", "--outer-lr", "1", "--outer-momentum", "0.5"], "h16-avg"),

@@ -89,18 +89,20 @@ class BenchError(RuntimeError):
     pass
 
 
-LOCAL = re.compile(r"local(\d+)(-bf16)?(-avg)?(-ovl)?")  # the low-communication mode's run labels
+LOCAL = re.compile(r"local(\d+)(-bf16)?(-avg)?(-ovl)?(?:-f(\d+))?")  # the low-communication mode's run labels
 
 
 def comm_flags(comm: str) -> list[str]:
-    """A run's way of synchronizing: a --comm option, or local<H>[-bf16][-avg][-ovl]: the low-communication
-    mode (DiLoCo, a parameter sync every H steps; -bf16: the sync sends 16-bit deltas; -avg: plain
-    averaging, outer lr 1 and no momentum; -ovl: the sync runs under the next H steps, --sync-overlap)."""
+    """A run's way of synchronizing: a --comm option, or local<H>[-bf16][-avg][-ovl][-f<F>]: the
+    low-communication mode (DiLoCo, a parameter sync every H steps; -bf16: the sync sends 16-bit deltas;
+    -avg: plain averaging, outer lr 1 and no momentum; -ovl: the sync runs under the next steps,
+    --sync-overlap; -f<F>: in F fragments, one every H/F steps, --sync-fragments)."""
     m = LOCAL.fullmatch(comm)
     if m:
         return (["--comm", "bf16" if m.group(2) else "fp32", "--sync-every", m.group(1), "--allow-local-sgd"]
                 + (["--outer-lr", "1", "--outer-momentum", "0"] if m.group(3) else [])
-                + (["--sync-overlap"] if m.group(4) else []))
+                + (["--sync-overlap"] if m.group(4) else [])
+                + (["--sync-fragments", m.group(5)] if m.group(5) else []))
     return ["--comm", comm]
 
 
@@ -422,8 +424,8 @@ def main(argv=None) -> int:
 
     wrong = [c for c in a.comms or () if c not in COMM_CHOICES and not LOCAL.fullmatch(c)]
     if wrong:
-        print(f"ddplab: error: --comms takes {', '.join(COMM_CHOICES)} or local<H>[-bf16][-avg][-ovl] (e.g. "
-              f"local8, local16-bf16-avg), got {', '.join(wrong)}", file=sys.stderr)
+        print(f"ddplab: error: --comms takes {', '.join(COMM_CHOICES)} or local<H>[-bf16][-avg][-ovl][-f<F>] "
+              f"(e.g. local8, local16-bf16-avg), got {', '.join(wrong)}", file=sys.stderr)
         return 2
     a.runs = set(a.runs.split(",")) if a.runs else None
     from simlan.errors import SimlanError

@@ -87,6 +87,7 @@ class TrainConfig:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     sync_overlap: bool = False
+    sync_fragments: int = 1
     # --- elastic runs (trainer/elastic.py) ---------------------------------------------------------------
     elastic: bool = False
     # filled in by __post_init__ when left at 0 (derived from depth)
@@ -167,6 +168,12 @@ class TrainConfig:
              f"--comm {self.comm} sends the outer gradient of --sync-every H (H > 1) in low-bit codes; DDP's "
              f"per-step gradients have no such hook: add --sync-every H and --allow-local-sgd, or use "
              f"--comm bf16")
+        need(self.sync_fragments >= 1, f"--sync-fragments must be at least 1, got {self.sync_fragments}")
+        need(self.sync_fragments == 1 or (self.sync_every > 1 and self.sync_every % self.sync_fragments == 0),
+             f"--sync-fragments {self.sync_fragments} syncs one fragment every H/F steps of --sync-every H; "
+             f"use an H > 1 that {self.sync_fragments} divides (e.g. --sync-every "
+             f"{self.sync_fragments * max(2, -(-self.sync_every // self.sync_fragments))}), or drop "
+             f"--sync-fragments")
         need(not self.sync_overlap or self.sync_every > 1,
              "--sync-overlap hides the sync of the low-communication mode behind the next steps; add "
              "--sync-every H (H > 1) and --allow-local-sgd, or drop --sync-overlap")
@@ -307,6 +314,9 @@ FIELD_HELP = {
     "sync_overlap": "--sync-every > 1: do not wait for a sync; its all-reduce runs during the next H steps "
                     "and is applied one sync late, keeping each rank's progress made meanwhile (the ranks "
                     "agree only at checks, checkpoints, evaluations and the end)",
+    "sync_fragments": "--sync-every H: sync the parameters in F fragments of consecutive tensors, one every "
+                      "H/F steps in turn, so each syncs every H steps and a sync moves 1/F of the bytes "
+                      "(Streaming DiLoCo); with --sync-overlap each lands at the next fragment's turn",
     "elastic": "run under torchrun's elastic agent: every node keeps a copy of the checkpoints in its own "
                "--out, each (re)start resumes from the newest copy any node holds, the data position is "
                "one shared stream valid at any world size; OUT/membership.jsonl logs each group",

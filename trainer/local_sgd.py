@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import quant_wire
+from trainer.config import UsageError
 from trainer.metrics import percentile
 
 
@@ -73,7 +74,8 @@ class LocalSGD:
     """The outer loop of local SGD / DiLoCo over `params` (the bare model's parameters, in order)."""
 
     def __init__(self, params, sync_every: int, steps: int, outer_lr: float, outer_momentum: float,
-                 process_group=None, wire: str = "fp32", overlap: bool = False, per_step_until: int = 0):
+                 process_group=None, wire: str = "fp32", overlap: bool = False, per_step_until: int = 0,
+                 fragments: int = 1):
         self.params = [p for p in params]
         self.sync_every, self.steps = sync_every, steps
         self.per_step_until = per_step_until  # --sync-every-after: steps 1..N all-reduce gradients (DDP)
@@ -83,6 +85,10 @@ class LocalSGD:
         self.bits = quant_wire.BITS.get(wire)  # int8/int4: codes with a scale per block, all-gathered
         self.plain = outer_lr == 1.0 and outer_momentum == 0.0
         self.numel = sum(p.numel() for p in self.params)
+        self.offsets = [0]  # where each parameter starts in the flat buffer, and the end
+        for p in self.params:
+            self.offsets.append(self.offsets[-1] + p.numel())
+        self.fragments = split_fragments(self.offsets, fragments)  # --sync-fragments: (first, end) params
         self.anchor: list[torch.Tensor] = []
         self.outer = None
         self.overlap = overlap
@@ -93,7 +99,7 @@ class LocalSGD:
         self.views: list[torch.Tensor] = []  # flat, shaped as the parameters
         self.wire_buf: torch.Tensor | None = None  # what a 16-bit sync hands to the all-reduce
         self.snapshot: list[torch.Tensor] = []  # --sync-overlap: the parameters a started sync sent
-        if not self.plain or self.wire != torch.float32 or overlap:
+        if not self.plain or self.wire != torch.float32 or overlap or len(self.fragments) > 1:
             # the synchronized parameters; the outer step moves these, then they are copied back
             self.anchor = [p.detach().clone() for p in self.params]
         if not self.plain:
@@ -113,29 +119,42 @@ class LocalSGD:
         and the ranks agree after it, as with --sync-every 1 (post-local SGD, Lin et al. 2020)."""
         return done <= self.per_step_until
 
+    @property
+    def period(self) -> int:
+        """Steps between sync points: H, or H / F with --sync-fragments F (one fragment per point)."""
+        return self.sync_every // len(self.fragments)
+
     def due(self, done: int) -> bool:
-        """Steps done so far (1-based) end with a sync: every H-th step after the warm-up, and the last."""
+        """Steps done so far (1-based) end with a sync point: every H-th step after the warm-up (every
+        H/F-th with fragments), and the last."""
         if self.per_step(done):
             return False
-        return (done - self.per_step_until) % self.sync_every == 0 or done == self.steps
+        return (done - self.per_step_until) % self.period == 0 or done == self.steps
+
+    def fragment_at(self, done: int) -> tuple[int, int]:
+        """The parameters (first, end) whose turn the sync point after step `done` is: the fragments in
+        order, one per H/F steps, so each one syncs every H steps (Streaming DiLoCo's staggered schedule)."""
+        turn = ((done - self.per_step_until) // self.period - 1) % len(self.fragments)
+        return self.fragments[turn]
 
     def sync_point(self, done: int, must_agree: bool) -> tuple[bool, bool]:
-        """What step `done` (1-based) ends with: (sync, start): `sync` a blocking sync, after which the ranks
-        hold the same parameters; `start` (--sync-overlap) a sync that lands at the next sync point. With
-        --sync-overlap a sync point blocks only where the ranks must agree (`must_agree`: a check,
-        checkpoint or evaluation is due) and at the run's last step."""
+        """What step `done` (1-based) ends with: (sync, start): `sync` a blocking sync of every parameter,
+        after which the ranks hold the same parameters; `start` a sync after which they do not: one
+        fragment's (--sync-fragments), or one that lands at the next sync point (--sync-overlap). With either
+        a sync point syncs everything only where the ranks must agree (`must_agree`: a check, checkpoint or
+        evaluation is due) and at the run's last step."""
         if not self.due(done):
             return False, False
-        if not self.overlap:
+        if not self.overlap and len(self.fragments) == 1:
             return True, False
         blocking = done == self.steps or must_agree
         return blocking, not blocking
 
-    def step_comm(self, sync: bool, start: bool) -> dict:
+    def step_comm(self, sync: bool, start: bool, done: int) -> dict:
         """Run the step's sync (blocking, started, or none) and return its numbers in the form of DDP's
         gradient all-reduce (trainer.metrics.CommTimer): a blocking sync is exposed for the wait for the
         slowest rank, then the transfer; no gradient is all-reduced."""
-        done = self.sync() if sync else self.exchange() if start else None
+        done = self.sync() if sync else self.exchange(done) if start else None
         done = done or {"sync_ms": 0.0, "wait_ms": 0.0, "sync_bytes": 0}
         return {"allreduce_ms": done["sync_ms"], "exposed_ms": done["wait_ms"] + done["sync_ms"],
                 "allreduce_bytes": done["sync_bytes"], "buckets": 1 if done["sync_bytes"] else 0}
@@ -155,16 +174,23 @@ class LocalSGD:
                  f"an outer SGD step (lr {self.outer_lr}, Nesterov momentum {self.outer_momentum}) on the "
                  f"averaged parameter change") +
                 f"; {self.bytes_per_sync / 1e6:.2f} MB per sync in {self.wire_name} (--allow-local-sgd)" +
+                (f"; in {len(self.fragments)} fragments, one every {self.period} steps (--sync-fragments)"
+                 if len(self.fragments) > 1 else "") +
                 ("; each sync overlaps the next steps and lands one sync late (--sync-overlap)"
                  if self.overlap else ""))
 
     @property
     def bytes_per_sync(self) -> int:
-        """What one sync hands to the collective on each rank (for int8, the codes and the block scales)."""
+        """What one sync of every parameter hands to the collective on each rank."""
+        return self._bytes(0, len(self.params))
+
+    def _bytes(self, first: int, end: int) -> int:
+        """What a sync of parameters first..end-1 hands to the collective (int8/int4: codes and scales)."""
+        numel = self.offsets[end] - self.offsets[first]
         if self.bits:
-            return quant_wire.payload_bytes(self.numel, self.bits)
+            return quant_wire.payload_bytes(numel, self.bits)
         fp32 = self.wire == torch.float32
-        return self.numel * (self.params[0].element_size() if fp32 else self.wire.itemsize)
+        return numel * (self.params[0].element_size() if fp32 else self.wire.itemsize)
 
     def _buffers(self) -> torch.Tensor:
         """The flat fp32 buffer (and the 16-bit wire buffer), made at the first sync."""
@@ -175,19 +201,26 @@ class LocalSGD:
                 self.wire_buf = torch.empty(self.numel, dtype=self.wire, device=self.flat.device)
         return self.flat
 
-    def _share_of_outer_gradient(self, world: int, params: list[torch.Tensor]) -> torch.Tensor:
-        """(anchor - params) / world into the flat buffer: this rank's share of the mean outer gradient."""
-        flat = self._buffers()
-        for v, a, p in zip(self.views, self.anchor, params, strict=True):
-            torch.sub(a, p, out=v)
+    def _share_of_outer_gradient(self, world: int, params: list[torch.Tensor], first: int,
+                                 end: int) -> torch.Tensor:
+        """(anchor - params) / world of parameters first..end-1 into their part of the flat buffer (returned):
+        this rank's share of the mean outer gradient."""
+        flat = self._buffers()[self.offsets[first]:self.offsets[end]]
+        for i in range(first, end):
+            torch.sub(self.anchor[i], params[i], out=self.views[i])
         return flat.div_(world)
+
+    def _wire_of(self, flat: torch.Tensor) -> torch.Tensor:
+        """The part of the 16-bit wire buffer that carries `flat` (a part of the flat buffer), filled."""
+        start = flat.data_ptr() // flat.element_size() - self.flat.data_ptr() // self.flat.element_size()
+        return self.wire_buf[start:start + flat.numel()].copy_(flat)
 
     def _mean_16bit(self, flat: torch.Tensor) -> dict:
         """Replace this rank's share in `flat` by the sum of all shares (the mean), sent as one 16-bit buffer
         (as DDP's bf16/fp16 compress hooks do: divide first, so fp16's range holds the sum)."""
-        self.wire_buf.copy_(flat)
-        timed = self._all_reduce(lambda: dist.all_reduce(self.wire_buf, group=self.group))
-        flat.copy_(self.wire_buf)
+        wire = self._wire_of(flat)
+        timed = self._all_reduce(lambda: dist.all_reduce(wire, group=self.group))
+        flat.copy_(wire)
         return timed
 
     def _mean_quantized(self, flat: torch.Tensor, world: int) -> dict:
@@ -216,49 +249,70 @@ class LocalSGD:
         send()
         return {"wait_ms": (t1 - t0) * 1e3, "sync_ms": (time.perf_counter() - t1) * 1e3}
 
-    def _step_anchor(self, deltas: list[torch.Tensor]) -> None:
-        """The synchronized parameters move by the mean outer gradient (anchor - parameters)."""
+    def _step_anchor(self, first: int, end: int) -> None:
+        """The synchronized parameters first..end-1 move by their mean outer gradient (in the flat buffer's
+        views); the outer optimizer steps only those (the others have no gradient)."""
         if self.outer is None:  # plain averaging: anchor - mean delta
-            for a, d in zip(self.anchor, deltas, strict=True):
-                a.sub_(d)
+            for i in range(first, end):
+                self.anchor[i].sub_(self.views[i])
         else:
-            for a, d in zip(self.anchor, deltas, strict=True):
-                a.grad = d
+            for i in range(first, end):
+                self.anchor[i].grad = self.views[i]
             self.outer.step()
             self.outer.zero_grad(set_to_none=True)
 
+    def _sync_range(self, world: int, first: int, end: int) -> dict:
+        """Blocking: parameters first..end-1 become their anchor moved by the mean outer gradient."""
+        timed = {"wait_ms": 0.0, "sync_ms": 0.0}
+        flat = self._share_of_outer_gradient(world, self.params, first, end)
+        if world > 1 and self.bits:
+            timed = self._mean_quantized(flat, world)
+        elif world > 1 and self.wire_buf is not None:
+            timed = self._mean_16bit(flat)
+        elif world > 1:
+            timed = self._mean_fp32(flat)
+        self._step_anchor(first, end)
+        for i in range(first, end):
+            self.params[i].copy_(self.anchor[i])
+        return timed
+
     @torch.no_grad()
-    def exchange(self) -> dict:
-        """--sync-overlap, all ranks at a sync point: apply the all-reduce started at the previous one,
-        then start the next from the parameters now. Returns the ms this blocked (the part of the
-        transfer H steps did not hide, plus the copies) and the bytes sent."""
+    def exchange(self, done: int | None = None) -> dict:
+        """All ranks at a sync point where they need not agree. --sync-fragments: sync the fragment whose
+        turn it is (after step `done`); --sync-overlap: apply the all-reduce started at the previous
+        point, then start this one from the parameters now (it lands at the next point). Returns the ms
+        this blocked (with --sync-overlap the part of the transfer the steps did not hide, plus the copies)
+        and the bytes sent."""
         t0 = time.perf_counter()
         self._finish_pending()
         world = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        first, end = self.fragment_at(done) if len(self.fragments) > 1 else (0, len(self.params))
+        sent = self._bytes(first, end) if world > 1 else 0
+        if not self.overlap:
+            return self._sync_range(world, first, end) | {"sync_bytes": sent}
         if not self.snapshot:
             self.snapshot = [torch.empty_like(p) for p in self.params]
-        for s, p in zip(self.snapshot, self.params, strict=True):
-            s.copy_(p)
-        flat = self._share_of_outer_gradient(world, self.snapshot)
-        wire = flat if self.wire_buf is None else self.wire_buf.copy_(flat)
+        for i in range(first, end):
+            self.snapshot[i].copy_(self.params[i])
+        flat = self._share_of_outer_gradient(world, self.snapshot, first, end)
+        wire = flat if self.wire_buf is None else self._wire_of(flat)
         work = dist.all_reduce(wire, group=self.group, async_op=True) if world > 1 else None
-        self.pending = (work, wire, self.snapshot)
-        return {"wait_ms": 0.0, "sync_ms": (time.perf_counter() - t0) * 1e3,
-                "sync_bytes": self.bytes_per_sync if world > 1 else 0}
+        self.pending = (work, wire, flat, first, end)
+        return {"wait_ms": 0.0, "sync_ms": (time.perf_counter() - t0) * 1e3, "sync_bytes": sent}
 
     def _finish_pending(self) -> None:
         """Wait for the pending all-reduce, step the anchor with its mean, keep the progress since."""
         if self.pending is None:
             return
-        work, wire, snapshot = self.pending
+        work, wire, flat, first, end = self.pending
         self.pending = None
         if work is not None:
             work.wait()
-        if wire is not self.flat:
-            self.flat.copy_(wire)
-        self._step_anchor(self.views)
-        for p, a, s in zip(self.params, self.anchor, snapshot, strict=True):
-            p.sub_(s).add_(a)  # the new anchor plus what this rank learned since the snapshot
+        if wire is not flat:
+            flat.copy_(wire)
+        self._step_anchor(first, end)
+        for i in range(first, end):  # the new anchor plus what this rank learned since the snapshot
+            self.params[i].sub_(self.snapshot[i]).add_(self.anchor[i])
 
     @torch.no_grad()
     def sync(self) -> dict:
@@ -279,16 +333,7 @@ class LocalSGD:
                 for p, v in zip(self.params, self.views, strict=True):
                     p.copy_(v)
         else:
-            flat = self._share_of_outer_gradient(world, self.params)
-            if world > 1 and self.bits:
-                timed = self._mean_quantized(flat, world)
-            elif world > 1 and self.wire_buf is not None:
-                timed = self._mean_16bit(flat)
-            elif world > 1:
-                timed = self._mean_fp32(flat)
-            self._step_anchor(self.views)  # the mean outer gradient
-            for p, a in zip(self.params, self.anchor, strict=True):
-                p.copy_(a)
+            timed = self._sync_range(world, 0, len(self.params))
         timed["sync_ms"] += pending_ms
         return timed | {"sync_bytes": self.bytes_per_sync if world > 1 else 0}
 
@@ -314,7 +359,8 @@ class LocalSGD:
         synced = [r for r in records
                   if (r.get("synced") or r.get("overlapped")) and not self.per_step(r["step"])]
         total = sum(r["allreduce_bytes"] for r in records)
-        return {"sync_every": self.sync_every, "outer_lr": self.outer_lr, "sync_dtype": self.wire_name,
+        return {"sync_every": self.sync_every, "fragments": len(self.fragments),
+                "outer_lr": self.outer_lr, "sync_dtype": self.wire_name,
                 "per_step_until": self.per_step_until,
                 "outer_momentum": self.outer_momentum, "overlap": self.overlap,
                 "outer_optimizer": "none (parameter averaging)" if self.plain else
@@ -323,6 +369,22 @@ class LocalSGD:
                 "comm_bytes_per_step": total / len(records) if records else None,
                 "sync_ms_p50": percentile([r["sync_ms"] for r in synced], 50),
                 "sync_wait_ms_p50": percentile([r["sync_wait_ms"] for r in synced], 50)}
+
+
+def split_fragments(offsets: list[int], count: int) -> list[tuple[int, int]]:
+    """`count` runs of consecutive parameters (first, end), of about equal numbers of values, from the
+    parameters' starts in the flat buffer (`offsets`, ending with the total); each run holds at least one."""
+    n, total = len(offsets) - 1, offsets[-1]
+    if not 1 <= count <= n:
+        raise UsageError(f"--sync-fragments {count}: the model has {n} parameter tensors; use 1 to {n}")
+    cuts, first = [], 0
+    for k in range(1, count):
+        # the first parameter that starts at or past k/count of the values, leaving one per later fragment
+        end = next(i for i in range(first + 1, n + 1) if offsets[i] >= total * k / count or
+                   i == n - (count - k))
+        cuts.append((first, end))
+        first = end
+    return [*cuts, (first, n)]
 
 
 def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:

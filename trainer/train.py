@@ -182,7 +182,8 @@ def build(cfg: TrainConfig, start: Start) -> Parts:
     else:
         loader = ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)
     lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum,
-                     wire=cfg.comm, overlap=cfg.sync_overlap, per_step_until=cfg.sync_every_after)
+                     wire=cfg.comm, overlap=cfg.sync_overlap, per_step_until=cfg.sync_every_after,
+                     fragments=cfg.sync_fragments)
             if cfg.sync_every > 1 else None)  # low-communication mode: H local steps, then one sync
     evaluator = Evaluator(start.val, cfg.eval_every_tokens, di.rank, di.world_size)
     return Parts(gcfg, raw, opt, loader, shares, lsgd, evaluator, cfg.tokens_per_rank_step * di.world_size)
@@ -271,7 +272,7 @@ def train_step(cfg: TrainConfig, start: Start, parts: Parts, model, comm: GradCo
     want_mean = step == 0 or (synced and (done % cfg.log_every == 0 or done == cfg.steps))
     if want_mean:
         mean_buf = D.all_reduce_sum(torch.tensor([loss_sum * mine, mine], dtype=torch.float64))
-    lsgd_comm = parts.lsgd.step_comm(synced, started) if local else None
+    lsgd_comm = parts.lsgd.step_comm(synced, started, done) if local else None
     if parts.lsgd and done == parts.lsgd.per_step_until:  # the warm-up's last step: the ranks agree now
         parts.lsgd.reset_anchor()
     dt = time.perf_counter() - t0

@@ -17,6 +17,8 @@ from trainer.config import check_args
                      "--outer-momentum", "0"]),
     ("local2-bf16-avg-ovl", ["--comm", "bf16", "--sync-every", "2", "--allow-local-sgd", "--outer-lr", "1",
                              "--outer-momentum", "0", "--sync-overlap"]),
+    ("local8-bf16-avg-ovl-f4", ["--comm", "bf16", "--sync-every", "8", "--allow-local-sgd", "--outer-lr", "1",
+                                "--outer-momentum", "0", "--sync-overlap", "--sync-fragments", "4"]),
 ])
 def test_a_label_becomes_trainer_flags_the_trainer_accepts(label, want):
     assert scaling_lab.comm_flags(label) == want

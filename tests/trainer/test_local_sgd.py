@@ -16,8 +16,8 @@ import torch.multiprocessing as mp
 from tests.helpers.trainer_runs import REPO, TINY, env, error_lines, free_port, read_jsonl, torchrun
 from trainer import quant_wire
 from trainer.agreement import param_sha256
-from trainer.config import check_args
-from trainer.local_sgd import LocalSGD, crossed
+from trainer.config import UsageError, check_args
+from trainer.local_sgd import LocalSGD, crossed, split_fragments
 from trainer.model import GPTConfig, param_count
 
 # --- the schedule (pure) ----------------------------------------------------------------------------
@@ -67,6 +67,10 @@ BASE = ["--data", "d", "--out", "o"]
     (["--comm", "int4"], "--comm", "or use --comm bf16"),
     (["--sync-every", "4", "--allow-local-sgd", "--comm", "int8", "--sync-overlap"], "--sync-overlap",
      "drop --sync-overlap"),
+    (["--sync-fragments", "0"], "--sync-fragments", "at least 1"),
+    (["--sync-fragments", "2"], "--sync-fragments", "use an H > 1 that 2 divides"),
+    (["--sync-every", "6", "--allow-local-sgd", "--sync-fragments", "4"], "--sync-fragments",
+     "(e.g. --sync-every 8)"),
 ])
 def test_bad_local_sgd_flags_give_one_line_naming_the_flag(extra, flag, words):
     line = check_args(BASE + extra)
@@ -84,6 +88,18 @@ def test_local_sgd_flags_that_fit_are_accepted():
     for wire in ("int8", "int4"):  # low-bit codes with a scale per block, all-gathered
         assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--comm", wire]) is None
     assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--sync-every-after", "20"]) is None
+    assert check_args(BASE + ["--sync-every", "8", "--allow-local-sgd", "--sync-fragments", "4",
+                              "--sync-overlap"]) is None
+
+
+def test_fragments_are_runs_of_whole_tensors_of_about_equal_size():
+    offsets = [0, 100, 110, 210, 220, 320, 330, 430]  # 7 tensors: 100, 10, 100, 10, 100, 10, 100 values
+    assert split_fragments(offsets, 1) == [(0, 7)]
+    assert split_fragments(offsets, 2) == [(0, 4), (4, 7)]
+    assert split_fragments(offsets, 4) == [(0, 2), (2, 4), (4, 6), (6, 7)]  # 110, 110, 110, 100
+    assert split_fragments([0, 1000, 1001, 1002], 3) == [(0, 1), (1, 2), (2, 3)]  # one tensor each at least
+    with pytest.raises(UsageError, match="the model has 3 parameter tensors; use 1 to 3"):
+        split_fragments([0, 1000, 1001, 1002], 4)
 
 
 def test_the_cli_refuses_local_sgd_without_permission_in_one_line():
@@ -98,8 +114,10 @@ def test_the_cli_refuses_local_sgd_without_permission_in_one_line():
 
 
 # Every sync the tests below check, run by one pair of ranks (each rank a process that imports torch: one
-# pair for all of them, not one per test): name -> (outer_lr, outer_momentum, wire, overlap).
+# pair for all of them, not one per test): name -> (outer_lr, outer_momentum, wire, overlap[, fragments]).
 SCENARIOS = {
+    "fragments": (1.0, 0.0, "fp32", False, 2),
+    "fragments-overlap": (1.0, 0.0, "bf16", True, 2),
     "overlap-plain": (1.0, 0.0, "fp32", True),
     "overlap-nesterov": (0.7, 0.9, "fp32", True),
     "plain": (1.0, 0.0, "fp32", False),
@@ -111,15 +129,17 @@ SCENARIOS = {
 }
 
 
-def _scenario(outer_lr, outer_momentum, wire, overlap) -> list[dict]:
+def _scenario(outer_lr, outer_momentum, wire, overlap, fragments=1) -> list[dict]:
     """One rank's run from the same model. Blocking: syncs after steps 3 and 6. Overlapped: sync points
-    after steps 2, 4 and 6 start a sync, the one after 8 (the end) lands it and agrees."""
+    after steps 2, 4 and 6 start a sync, the one after 8 (the end) lands it and agrees. Two fragments
+    (H 4): one fragment after steps 2, 4 and 6, everything after 8 (the end)."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    every, steps = (2, 8) if overlap else (3, 6)
-    ls = LocalSGD(model.parameters(), every, steps, outer_lr, outer_momentum, wire=wire, overlap=overlap)
+    every, steps = (4, 8) if fragments > 1 else (2, 8) if overlap else (3, 6)
+    ls = LocalSGD(model.parameters(), every, steps, outer_lr, outer_momentum, wire=wire, overlap=overlap,
+                  fragments=fragments)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     out = []
     for step in range(1, steps + 1):
@@ -130,7 +150,7 @@ def _scenario(outer_lr, outer_momentum, wire, overlap) -> list[dict]:
         if ls.due(step):
             before = [p.detach().clone() for p in model.parameters()]
             sha_before = param_sha256(model)
-            info = ls.exchange() if overlap and step < steps else ls.sync()
+            info = ls.exchange(step) if (overlap or fragments > 1) and step < steps else ls.sync()
             out.append({"before": before, "after": [p.detach().clone() for p in model.parameters()],
                         "sha_before": sha_before, "sha_after": param_sha256(model),
                         "bytes": info["sync_bytes"]})
@@ -205,6 +225,60 @@ def test_an_overlapped_sync_lands_one_sync_late_and_keeps_each_ranks_progress(sy
             outer_step(landed)
             for w, got in zip(anchor, s0["after"], strict=True):
                 torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+            assert s0["sha_after"] == s1["sha_after"]
+
+
+FRAGMENT_TURNS = [(0, 1), (1, 4), (0, 1)]  # the first Linear's weight (20 of 29 values), then the rest
+
+
+@pytest.mark.slow
+def test_fragments_sync_in_turn_and_everything_at_the_end(synced):
+    r0, r1 = synced["fragments"]
+    sizes = [t.numel() for t in r0[0]["before"]]
+    assert len(r0) == 4  # points after steps 2, 4 and 6: one fragment each, in turn; after 8 (the end): all
+    for s0, s1, (first, end) in zip(r0, r1, [*FRAGMENT_TURNS, (0, 4)], strict=True):
+        assert s0["bytes"] == s1["bytes"] == sum(sizes[first:end]) * 4
+        for i, (b0, b1, a0, a1) in enumerate(zip(s0["before"], s1["before"], s0["after"], s1["after"],
+                                                  strict=True)):
+            if first <= i < end:  # averaged: anchor - mean(anchor - theta_r), the same on both ranks
+                assert torch.equal(a0, a1) and not torch.equal(b0, b1)
+                torch.testing.assert_close(a0, (b0 + b1) / 2, rtol=1e-5, atol=1e-6)
+            else:  # not its turn: each rank keeps its own
+                assert torch.equal(a0, b0) and torch.equal(a1, b1)
+    assert r0[0]["sha_after"] != r1[0]["sha_after"] and r0[-1]["sha_after"] == r1[-1]["sha_after"]
+
+
+@pytest.mark.slow
+def test_an_overlapped_fragment_lands_at_the_next_fragments_turn(synced):
+    r0, r1 = synced["fragments-overlap"]
+    sizes = [t.numel() for t in r0[0]["before"]]
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    anchor = [p.detach().clone() for p in m.parameters()]
+
+    def land(i, snaps):  # plain averaging of the bf16-rounded halves of each rank's change
+        anchor[i] = anchor[i] - _mean_in_16_bits(anchor[i] - snaps[0][i], anchor[i] - snaps[1][i],
+                                                 torch.bfloat16)
+
+    pending = None  # (fragment, each rank's snapshot)
+    for k, (s0, s1) in enumerate(zip(r0, r1, strict=True)):
+        want = [list(s0["before"]), list(s1["before"])]
+        if pending:  # the previous turn's fragment lands: new anchor + each rank's progress since
+            (first, end), snaps = pending
+            for i in range(first, end):
+                land(i, snaps)
+                for r in (0, 1):
+                    want[r][i] = anchor[i] + (want[r][i] - snaps[r][i])
+        if k < len(FRAGMENT_TURNS):
+            first, end = FRAGMENT_TURNS[k]
+            assert s0["bytes"] == sum(sizes[first:end]) * 2
+            for w, got in zip(want[0] + want[1], s0["after"] + s1["after"], strict=True):
+                torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+            pending = ((first, end), (s0["after"], s1["after"]))
+        else:  # the end: after the landing, everything syncs and the ranks agree
+            for i in range(len(anchor)):
+                land(i, want)
+                torch.testing.assert_close(s0["after"][i], anchor[i], rtol=1e-5, atol=1e-6)
             assert s0["sha_after"] == s1["sha_after"]
 
 
