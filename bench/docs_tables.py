@@ -25,6 +25,7 @@ RESULTS = REPO / "bench" / "results"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from lowcomm import MODES as STUDY_MODES  # noqa: E402  (the long study's settings)
 from scaling_lab import LOCAL, comm_flags  # noqa: E402  (the low-communication mode's run labels)
 
 from trainer.config import TrainConfig  # noqa: E402  (DiLoCo's outer step: the trainer's defaults)
@@ -155,6 +156,29 @@ def local_sgd_long(long: dict, lab: dict) -> list[str]:
     return SYNC_HEADER + rows
 
 
+def study_mode_of(comm: str) -> str | None:
+    """The long study's mode (bench/lowcomm.py) with the flags of a scaling-lab run label, if it has one."""
+    want = sorted(f for f in comm_flags(comm) if f != "--allow-local-sgd")
+    for name, (_, flags, _) in STUDY_MODES.items():
+        if sorted(flags if "--comm" in flags else ["--comm", "fp32", *flags]) == want:
+            return name
+    return None
+
+
+def lowcomm_128m(study: dict, *labs: dict) -> list[str]:
+    """The 128M model's speed (scaling labs' large-b1-long rounds) with the long study's loss beside it."""
+    rows = ["| sync | tokens/s vs 1 node [min-max] | step exposed to the sync | val loss vs per-step DDP "
+            "in the long study, median [min to max] | lab |", "|---|---|---|---|---|"]
+    for lab in labs:
+        for r in local_rows(lab["sizes"]["large-b1-long"]):
+            mode = study_mode_of(r["comm"])
+            studied = study["modes"].get(mode)
+            loss = relative(studied["val_loss_vs_ddp"]) if studied else "not studied"
+            rows.append(f"| {sync_label(r['comm'])} (`{run_flags(r['comm'])}`) | {speedup(r)} | "
+                        f"{r['exposed_pct']:.0f} % | {loss} | {lab['id']} |")
+    return rows
+
+
 def sync_overlap(overlap: dict, screen: dict) -> list[str]:
     """Overlapped syncs (large-b1-long, -ovl runs): the repeated rounds, then the screening round's others."""
     size, screened = overlap["sizes"]["large-b1-long"], screen["sizes"]["large-b1-long"]
@@ -248,6 +272,8 @@ TABLES = {"distribution": ((report("distribution"),), distribution),
           "distribution_1g": ((report("distribution-1g"),), distribution),
           "local_sgd_long": ((report("scaling_lab_long"), report("scaling_lab")), local_sgd_long),
           "lowcomm": ((report("lowcomm"),), lowcomm),
+          "lowcomm_128m": ((report("lowcomm-stdlib"), report("scaling_lab_h8"), report("scaling_lab_stream")),
+                           lowcomm_128m),
           "lowcomm_stdlib": ((report("lowcomm-stdlib"),), lowcomm),
           "relaunch": ((report("relaunch"),), relaunch),
           "scaling_1gbit": ((report("scaling_lab"), report("scaling_lab_long"),

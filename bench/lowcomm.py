@@ -65,6 +65,10 @@ MODES = {
     "h8-avg-bf16-f4-ovl": ("H8, averaging, bf16, 4 fragments, overlapped",
                            ["--sync-every", "8", "--comm", "bf16", "--sync-fragments", "4", "--sync-overlap",
                             *AVG], "h8-avg-bf16-ovl"),
+    # ... in 8 fragments: one each step, landing one step late
+    "h8-avg-bf16-f8-ovl": ("H8, averaging, bf16, 8 fragments, overlapped",
+                           ["--sync-every", "8", "--comm", "bf16", "--sync-fragments", "8", "--sync-overlap",
+                            *AVG], "h8-avg-bf16-f4-ovl"),
     "h16-diloco": ("H16, Nesterov outer lr 0.7 momentum 0.9 (DiLoCo)", ["--sync-every", "16"], "h16-avg"),
     "h16-nest-1-0.5": ("H16, Nesterov outer lr 1.0 momentum 0.5",
                        ["--sync-every", "16", "--outer-lr", "1", "--outer-momentum", "0.5"], "h16-avg"),
@@ -168,7 +172,8 @@ def run_mode(data: Path, out: Path, mode: str, seed: int, steps: int, corpus: st
     return {"mode": mode, "seed": seed, "steps": steps, "corpus": corpus, "val_loss": s["val_loss"],
             "val_curve": s["val_curve"],
             "bytes_per_step": sum(r["allreduce_bytes"] for r in recs) / len(recs),
-            "outer_steps": lsgd.get("syncs", steps), "tokens": s["tokens_seen"], "params": s["params"],
+            "outer_steps": lsgd.get("syncs", steps) // lsgd.get("fragments", 1),  # each parameter's syncs
+            "tokens": s["tokens_seen"], "params": s["params"],
             "tokens_per_sec": s["tokens_per_sec"], "wall_s": round(time.perf_counter() - t0, 1),
             "load1": load1}
 
