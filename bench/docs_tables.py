@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from lowcomm import MODES as STUDY_MODES  # noqa: E402  (the long study's settings)
-from scaling_lab import LOCAL, comm_flags  # noqa: E402  (the low-communication mode's run labels)
+from run_labels import LOCAL, comm_flags  # noqa: E402  (the low-communication mode's run labels)
 
 from trainer.config import TrainConfig  # noqa: E402  (DiLoCo's outer step: the trainer's defaults)
 

@@ -14,8 +14,9 @@ Per mode: the validation loss at the end (the trainer's own held-out row groups,
 synchronized model after the last step) over the reference's, its curve (evaluated every tenth of the
 run), the bytes each rank handed to the collectives per step as counted by the trainer (metrics records'
 `allreduce_bytes`, warm-up steps included) over the reference's, the outer steps (syncs after the
-warm-up) and the tokens. Before the runs, a micro-benchmark measures what gloo moves on loopback for one
-sync of this model in fp32, bf16 (all-reduce) and int8 (all-gather of codes and scales).
+warm-up) and the tokens. Before the runs, a micro-benchmark (bench/lowcomm_wire.py) measures what gloo
+moves on loopback for one sync of this model in fp32, bf16 (all-reduce) and int8/int4 (all-gather of codes
+and scales).
 
 The corpus (--corpus): `builtin`, the trainer's templated generated documents (its validation loss
 flattens near 0.31 nats per byte, where modes may all meet), or `stdlib`, the running Python's standard
@@ -29,10 +30,8 @@ runs already there (of the same corpus), so modes can be added to a study. Write
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -43,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import stdlib_corpus  # noqa: E402
 from bench.local_sgd import spread, torchrun_trainer  # noqa: E402
+from bench.lowcomm_wire import wire_bench  # noqa: E402
 from bench.scaling_lab import machine_info  # noqa: E402
 
 BATCH, SEQ, RANKS, EVAL_BATCHES = 4, 128, 2, 32
@@ -217,65 +217,6 @@ def study(args, work: Path, data: Path) -> list[dict]:
     runs += [r for r in joined(args.join) if corpus_of(r) == args.corpus
              and (r["mode"], r["seed"], r["steps"]) not in have]
     return [r for r in runs if r["steps"] == args.steps and r["seed"] in args.seeds]
-
-
-# --- what gloo moves for one sync ---------------------------------------------------------------------
-
-def _wire_worker(rank: int, port: int, numel: int, reps: int, q) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from trainer import quant_wire
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    flat = torch.randn(numel)
-    ops = {"fp32 all-reduce": (lambda: dist.all_reduce(flat.clone()), numel * 4),
-           "bf16 all-reduce": (lambda: dist.all_reduce(flat.to(torch.bfloat16)), numel * 2)}
-    for name, bits in quant_wire.BITS.items():
-        payload = quant_wire.encode(flat, bits)
-        gathered = [torch.empty_like(payload) for _ in range(2)]
-
-        def sync(bits=bits, gathered=gathered):  # what a --comm int8/int4 sync does around the transfer
-            dist.all_gather(gathered, quant_wire.encode(flat, bits))
-            return sum(quant_wire.decode(g, numel, bits) for g in gathered)
-
-        ops[f"{name} all-gather (codes + scales)"] = (
-            lambda payload=payload, gathered=gathered: dist.all_gather(gathered, payload), payload.numel())
-        ops[f"{name} encode + all-gather + decode"] = (sync, payload.numel())
-    out = {}
-    for name, (op, nbytes) in ops.items():
-        times = []
-        for i in range(reps + 3):
-            dist.barrier()
-            t0 = time.perf_counter()
-            op()
-            if i >= 3:
-                times.append(time.perf_counter() - t0)
-        ms = statistics.median(times) * 1e3
-        out[name] = {"bytes": nbytes, "ms_median": round(ms, 3),
-                     "gbit_per_s": round(nbytes * 8 / ms / 1e6, 3)}
-    if rank == 0:
-        q.put(out)
-    dist.destroy_process_group()
-
-
-def wire_bench(numel: int, reps: int) -> dict:
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    with socket.socket() as sock:  # a free port for the group's rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    procs = [ctx.Process(target=_wire_worker, args=(r, port, numel, reps, q)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    got = q.get(timeout=300)
-    for p in procs:
-        p.join(timeout=60)
-    return {"numel": numel, "reps": reps, "ops": got}
 
 
 # --- the report ---------------------------------------------------------------------------------------

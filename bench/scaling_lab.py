@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import scaling_report  # noqa: E402
+from run_labels import LOCAL, comm_flags  # noqa: E402
 
 SIZES = {
     # ~10M parameters (nanoGPT's shakespeare-char shape)
@@ -87,23 +88,6 @@ RUN_TIMEOUT_S = 1800
 
 class BenchError(RuntimeError):
     pass
-
-
-LOCAL = re.compile(r"local(\d+)(-bf16)?(-avg)?(-ovl)?(?:-f(\d+))?")  # the low-communication mode's run labels
-
-
-def comm_flags(comm: str) -> list[str]:
-    """A run's way of synchronizing: a --comm option, or local<H>[-bf16][-avg][-ovl][-f<F>]: the
-    low-communication mode (DiLoCo, a parameter sync every H steps; -bf16: the sync sends 16-bit deltas;
-    -avg: plain averaging, outer lr 1 and no momentum; -ovl: the sync runs under the next steps,
-    --sync-overlap; -f<F>: in F fragments, one every H/F steps, --sync-fragments)."""
-    m = LOCAL.fullmatch(comm)
-    if m:
-        return (["--comm", "bf16" if m.group(2) else "fp32", "--sync-every", m.group(1), "--allow-local-sgd"]
-                + (["--outer-lr", "1", "--outer-momentum", "0"] if m.group(3) else [])
-                + (["--sync-overlap"] if m.group(4) else [])
-                + (["--sync-fragments", m.group(5)] if m.group(5) else []))
-    return ["--comm", comm]
 
 
 def run_in_hosts(cluster, argv_for, names, log_dir: Path, timeout: float = RUN_TIMEOUT_S) -> None:

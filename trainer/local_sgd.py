@@ -92,7 +92,7 @@ class LocalSGD:
         self.anchor: list[torch.Tensor] = []
         self.outer = None
         self.overlap = overlap
-        self.pending = None  # --sync-overlap: (all-reduce work, wire buffer, snapshot of the parameters)
+        self.pending = None  # --sync-overlap: (all-reduce work, its wire buffer, flat part, first, end)
         # made at the first sync and kept: a fresh buffer per sync costs its page faults again (for the 128M
         # model a 512 MB buffer's faults took longer than its 1 Gbit/s transfer)
         self.flat: torch.Tensor | None = None  # the outer gradient (or the parameters), flat, fp32
@@ -210,15 +210,14 @@ class LocalSGD:
             torch.sub(self.anchor[i], params[i], out=self.views[i])
         return flat.div_(world)
 
-    def _wire_of(self, flat: torch.Tensor) -> torch.Tensor:
-        """The part of the 16-bit wire buffer that carries `flat` (a part of the flat buffer), filled."""
-        start = flat.data_ptr() // flat.element_size() - self.flat.data_ptr() // self.flat.element_size()
-        return self.wire_buf[start:start + flat.numel()].copy_(flat)
+    def _wire_of(self, flat: torch.Tensor, first: int, end: int) -> torch.Tensor:
+        """The 16-bit wire buffer's part for parameters first..end-1, filled from their part `flat`."""
+        return self.wire_buf[self.offsets[first]:self.offsets[end]].copy_(flat)
 
-    def _mean_16bit(self, flat: torch.Tensor) -> dict:
+    def _mean_16bit(self, flat: torch.Tensor, first: int, end: int) -> dict:
         """Replace this rank's share in `flat` by the sum of all shares (the mean), sent as one 16-bit buffer
         (as DDP's bf16/fp16 compress hooks do: divide first, so fp16's range holds the sum)."""
-        wire = self._wire_of(flat)
+        wire = self._wire_of(flat, first, end)
         timed = self._all_reduce(lambda: dist.all_reduce(wire, group=self.group))
         flat.copy_(wire)
         return timed
@@ -268,7 +267,7 @@ class LocalSGD:
         if world > 1 and self.bits:
             timed = self._mean_quantized(flat, world)
         elif world > 1 and self.wire_buf is not None:
-            timed = self._mean_16bit(flat)
+            timed = self._mean_16bit(flat, first, end)
         elif world > 1:
             timed = self._mean_fp32(flat)
         self._step_anchor(first, end)
@@ -295,7 +294,7 @@ class LocalSGD:
         for i in range(first, end):
             self.snapshot[i].copy_(self.params[i])
         flat = self._share_of_outer_gradient(world, self.snapshot, first, end)
-        wire = flat if self.wire_buf is None else self._wire_of(flat)
+        wire = flat if self.wire_buf is None else self._wire_of(flat, first, end)
         work = dist.all_reduce(wire, group=self.group, async_op=True) if world > 1 else None
         self.pending = (work, wire, flat, first, end)
         return {"wait_ms": 0.0, "sync_ms": (time.perf_counter() - t0) * 1e3, "sync_bytes": sent}
