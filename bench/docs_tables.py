@@ -68,11 +68,13 @@ def speedup(row: dict) -> str:
 
 
 def sync_label(comm: str) -> str:
-    """local<H>[-bf16][-avg][-ovl][-f<F>] (bench/scaling_lab.py's run label) in words."""
+    """local<H>[-bf16][-avg][-ovl][-f<F>][-qsr|-invlr] (bench/scaling_lab.py's run label) in words."""
     m = LOCAL.fullmatch(comm)
     h, bf16, avg, ovl = int(m[1]), bool(m[2]), bool(m[3]), bool(m[4])
     outer = "averaging" if avg else f"DiLoCo {TrainConfig.outer_lr:g}/{TrainConfig.outer_momentum:g}"
-    return (f"every {h} steps, {outer}, {'bf16' if bf16 else 'fp32'}" +
+    every = {"qsr": f"every {h} x (peak/lr)^2 steps (QSR)", "invlr": f"every {h} x peak/lr steps"}.get(
+        m[6], f"every {h} steps")
+    return (f"{every}, {outer}, {'bf16' if bf16 else 'fp32'}" +
             (f", in {m[5]} fragments" if m[5] else "") + (", overlapped" if ovl else ""))
 
 

@@ -69,6 +69,18 @@ MODES = {
     "h8-avg-bf16-f8-ovl": ("H8, averaging, bf16, 8 fragments, overlapped",
                            ["--sync-every", "8", "--comm", "bf16", "--sync-fragments", "8", "--sync-overlap",
                             *AVG], "h8-avg-bf16-f4-ovl"),
+    # the Quadratic Synchronization Rule (Gu et al. 2024): a sync every 4 steps at the peak learning rate,
+    # every 4 x (peak/lr)^2 as it decays (cosine to 0.1 of it): 167 syncs in 1,600 steps, fewer than H8's 200
+    "h4-qsr-avg-bf16": ("QSR from H4, averaging, bf16 (--sync-schedule qsr)",
+                        ["--sync-every", "4", "--sync-schedule", "qsr", "--comm", "bf16", *AVG],
+                        "h8-avg-bf16"),
+    "h4-qsr-avg-bf16-f4-ovl": ("QSR from H4, averaging, bf16, 4 fragments, overlapped",
+                               ["--sync-every", "4", "--sync-schedule", "qsr", "--comm", "bf16",
+                                "--sync-fragments", "4", "--sync-overlap", *AVG], "h8-avg-bf16-f4-ovl"),
+    # H ~ 1/lr, which the QSR paper compares with: from H5, 179 syncs
+    "h5-invlr-avg-bf16": ("H5 x peak/lr, averaging, bf16 (--sync-schedule inverse-lr)",
+                          ["--sync-every", "5", "--sync-schedule", "inverse-lr", "--comm", "bf16", *AVG],
+                          "h8-avg-bf16"),
     "h16-diloco": ("H16, Nesterov outer lr 0.7 momentum 0.9 (DiLoCo)", ["--sync-every", "16"], "h16-avg"),
     "h16-nest-1-0.5": ("H16, Nesterov outer lr 1.0 momentum 0.5",
                        ["--sync-every", "16", "--outer-lr", "1", "--outer-momentum", "0.5"], "h16-avg"),

@@ -22,6 +22,7 @@ COMM_CHOICES = ("fp32", "bf16", "fp16", "powersgd", "auto", "int8", "int4")
 QUANTIZED = ("int8", "int4")
 DTYPE_CHOICES = ("auto", "fp32", "bf16")
 DEVICE_CHOICES = ("cpu", "cuda")
+SYNC_SCHEDULE_CHOICES = ("constant", "inverse-lr", "qsr")  # trainer/sync_schedule.py
 
 
 class UsageError(ValueError):
@@ -88,6 +89,7 @@ class TrainConfig:
     outer_momentum: float = 0.9
     sync_overlap: bool = False
     sync_fragments: int = 1
+    sync_schedule: str = "constant"
     # --- elastic runs (trainer/elastic.py) ---------------------------------------------------------------
     elastic: bool = False
     # filled in by __post_init__ when left at 0 (derived from depth)
@@ -174,6 +176,11 @@ class TrainConfig:
              f"use an H > 1 that {self.sync_fragments} divides (e.g. --sync-every "
              f"{self.sync_fragments * max(2, -(-self.sync_every // self.sync_fragments))}), or drop "
              f"--sync-fragments")
+        need(self.sync_schedule in SYNC_SCHEDULE_CHOICES and (self.sync_schedule == "constant" or
+                                                               self.sync_every > 1),
+             f"--sync-schedule {self.sync_schedule} (one of {', '.join(SYNC_SCHEDULE_CHOICES)}) places the "
+             f"syncs of --sync-every H; add --sync-every H (H > 1) and --allow-local-sgd, or drop "
+             f"--sync-schedule")
         need(not self.sync_overlap or self.sync_every > 1,
              "--sync-overlap hides the sync of the low-communication mode behind the next steps; add "
              "--sync-every H (H > 1) and --allow-local-sgd, or drop --sync-overlap")
@@ -317,12 +324,16 @@ FIELD_HELP = {
     "sync_fragments": "--sync-every H: sync the parameters in F fragments of consecutive tensors, one every "
                       "H/F steps in turn, so each syncs every H steps and a sync moves 1/F of the bytes "
                       "(Streaming DiLoCo); with --sync-overlap each lands at the next fragment's turn",
+    "sync_schedule": "--sync-every H: when the syncs fall: constant (every H steps), inverse-lr (every H x "
+                     "peak/lr steps, lr at the period's start) or qsr (H x (peak/lr)^2, the Quadratic "
+                     "Synchronization Rule): fewer syncs as the learning rate decays",
     "elastic": "run under torchrun's elastic agent: every node keeps a copy of the checkpoints in its own "
                "--out, each (re)start resumes from the newest copy any node holds, the data position is "
                "one shared stream valid at any world size; OUT/membership.jsonl logs each group",
 }
 
-CHOICES = {"dtype": DTYPE_CHOICES, "comm": COMM_CHOICES, "device": DEVICE_CHOICES}
+CHOICES = {"dtype": DTYPE_CHOICES, "comm": COMM_CHOICES, "device": DEVICE_CHOICES,
+           "sync_schedule": SYNC_SCHEDULE_CHOICES}
 
 
 class _Parser(argparse.ArgumentParser):

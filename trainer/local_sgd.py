@@ -56,6 +56,7 @@ import torch.distributed as dist
 from trainer import quant_wire
 from trainer.config import UsageError
 from trainer.metrics import percentile
+from trainer.sync_schedule import sync_points
 
 
 def crossed(every: int, prev: int, done: int) -> bool:
@@ -75,7 +76,7 @@ class LocalSGD:
 
     def __init__(self, params, sync_every: int, steps: int, outer_lr: float, outer_momentum: float,
                  process_group=None, wire: str = "fp32", overlap: bool = False, per_step_until: int = 0,
-                 fragments: int = 1):
+                 fragments: int = 1, schedule: str = "constant", lr_ratio=None):
         self.params = [p for p in params]
         self.sync_every, self.steps = sync_every, steps
         self.per_step_until = per_step_until  # --sync-every-after: steps 1..N all-reduce gradients (DDP)
@@ -89,6 +90,11 @@ class LocalSGD:
         for p in self.params:
             self.offsets.append(self.offsets[-1] + p.numel())
         self.fragments = split_fragments(self.offsets, fragments)  # --sync-fragments: (first, end) params
+        # the steps after which a sync point falls (trainer/sync_schedule.py: every H/F steps, or stretched as
+        # the learning rate, lr_ratio(step) of its peak, decays), and each one's place: whose turn it is
+        self.schedule = schedule
+        self.points = sync_points(steps, sync_every, fragments, per_step_until, schedule, lr_ratio)
+        self.turn_of = {p: i for i, p in enumerate(self.points)}
         self.anchor: list[torch.Tensor] = []
         self.outer = None
         self.overlap = overlap
@@ -125,17 +131,14 @@ class LocalSGD:
         return self.sync_every // len(self.fragments)
 
     def due(self, done: int) -> bool:
-        """Steps done so far (1-based) end with a sync point: every H-th step after the warm-up (every
-        H/F-th with fragments), and the last."""
-        if self.per_step(done):
-            return False
-        return (done - self.per_step_until) % self.period == 0 or done == self.steps
+        """Steps done so far (1-based) end with a sync point: one of `points` (by default every H-th step
+        after the warm-up, every H/F-th with fragments), and the last."""
+        return done in self.turn_of or done == self.steps
 
     def fragment_at(self, done: int) -> tuple[int, int]:
         """The parameters (first, end) whose turn the sync point after step `done` is: the fragments in
-        order, one per H/F steps, so each one syncs every H steps (Streaming DiLoCo's staggered schedule)."""
-        turn = ((done - self.per_step_until) // self.period - 1) % len(self.fragments)
-        return self.fragments[turn]
+        order, one per sync point, so each one syncs every H steps (Streaming DiLoCo's staggered schedule)."""
+        return self.fragments[self.turn_of[done] % len(self.fragments)]
 
     def sync_point(self, done: int, must_agree: bool) -> tuple[bool, bool]:
         """What step `done` (1-based) ends with: (sync, start): `sync` a blocking sync of every parameter,
@@ -176,6 +179,8 @@ class LocalSGD:
                 f"; {self.bytes_per_sync / 1e6:.2f} MB per sync in {self.wire_name} (--allow-local-sgd)" +
                 (f"; in {len(self.fragments)} fragments, one every {self.period} steps (--sync-fragments)"
                  if len(self.fragments) > 1 else "") +
+                (f"; the period stretched as the learning rate decays ({self.schedule}): "
+                 f"{len(self.points)} sync points" if self.schedule != "constant" else "") +
                 ("; each sync overlaps the next steps and lands one sync late (--sync-overlap)"
                  if self.overlap else ""))
 
@@ -358,7 +363,7 @@ class LocalSGD:
         synced = [r for r in records
                   if (r.get("synced") or r.get("overlapped")) and not self.per_step(r["step"])]
         total = sum(r["allreduce_bytes"] for r in records)
-        return {"sync_every": self.sync_every, "fragments": len(self.fragments),
+        return {"sync_every": self.sync_every, "fragments": len(self.fragments), "schedule": self.schedule,
                 "outer_lr": self.outer_lr, "sync_dtype": self.wire_name,
                 "per_step_until": self.per_step_until,
                 "outer_momentum": self.outer_momentum, "overlap": self.overlap,

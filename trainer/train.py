@@ -183,7 +183,8 @@ def build(cfg: TrainConfig, start: Start) -> Parts:
         loader = ShardLoader(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)
     lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum,
                      wire=cfg.comm, overlap=cfg.sync_overlap, per_step_until=cfg.sync_every_after,
-                     fragments=cfg.sync_fragments)
+                     fragments=cfg.sync_fragments, schedule=cfg.sync_schedule,
+                     lr_ratio=lambda step: lr_at(cfg, max(step, cfg.lr_warmup_steps)) / cfg.lr)
             if cfg.sync_every > 1 else None)  # low-communication mode: H local steps, then one sync
     evaluator = Evaluator(start.val, cfg.eval_every_tokens, di.rank, di.world_size)
     return Parts(gcfg, raw, opt, loader, shares, lsgd, evaluator, cfg.tokens_per_rank_step * di.world_size)

@@ -19,6 +19,11 @@ from trainer.config import check_args
                              "--outer-momentum", "0", "--sync-overlap"]),
     ("local8-bf16-avg-ovl-f4", ["--comm", "bf16", "--sync-every", "8", "--allow-local-sgd", "--outer-lr", "1",
                                 "--outer-momentum", "0", "--sync-overlap", "--sync-fragments", "4"]),
+    ("local4-bf16-avg-ovl-f4-qsr", ["--comm", "bf16", "--sync-every", "4", "--allow-local-sgd", "--outer-lr",
+                                    "1", "--outer-momentum", "0", "--sync-overlap", "--sync-fragments", "4",
+                                    "--sync-schedule", "qsr"]),
+    ("local5-bf16-invlr", ["--comm", "bf16", "--sync-every", "5", "--allow-local-sgd", "--sync-schedule",
+                           "inverse-lr"]),
 ])
 def test_a_label_becomes_trainer_flags_the_trainer_accepts(label, want):
     assert scaling_lab.comm_flags(label) == want
