@@ -58,16 +58,18 @@ def codec_ms_per_value(study: dict, comm: str) -> float:
     return max(0.0, ops[with_codec]["ms_median"] - ops[gather]["ms_median"]) / study["wire"]["numel"]
 
 
-def sync_every(mode: dict) -> int:
-    return int(_flag(mode["flags"], "--sync-every", "1"))
+def syncs_per_step(study: dict, mode: dict) -> float:
+    """How often `mode` synced every parameter in the study: 1/H, or fewer with a --sync-schedule that
+    stretches the period as the learning rate decays (the same share of a run of any length)."""
+    return mode["outer_steps"] / study["steps"]
 
 
 def estimated_step_ms(run: dict, study: dict, mode: dict) -> float:
     """This run's step with `mode`: compute as measured, the exposed all-reduce over the mode's fewer bytes,
-    plus the codec once every H steps."""
+    plus the codec once per sync."""
     codec = codec_ms_per_value(study, _flag(mode["flags"], "--comm", "fp32")) * run["params"]
     exposed = run["exposed_ms_p50"]
-    return run["step_ms_p50"] - exposed + exposed / mode["fewer_bytes"] + codec / sync_every(mode)
+    return run["step_ms_p50"] - exposed + exposed / mode["fewer_bytes"] + codec * syncs_per_step(study, mode)
 
 
 def advice(run: dict, study: dict | None) -> dict | None:
@@ -93,7 +95,7 @@ def advice(run: dict, study: dict | None) -> dict | None:
                                    target["val_loss_within"], "met": target["met"]},
                         "step_ms_estimate": est, "speedup_estimate": step / est,
                         # outer steps (syncs) at this run's length, against the study's: short runs pay more
-                        "outer_steps": (run.get("steps") or 0) // sync_every(mode),
+                        "outer_steps": round((run.get("steps") or 0) * syncs_per_step(study, mode)),
                         "study_outer_steps": mode["outer_steps"]})
     depth = _flag(study["model_args"], "--depth", "?")
     return {"exposed_share": exposed / step, "step_ms_p50": step, "exposed_ms_p50": exposed,

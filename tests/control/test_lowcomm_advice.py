@@ -78,11 +78,11 @@ def test_a_codec_costs_its_measured_cpu_time_per_value_once_per_sync():
     assert L.codec_ms_per_value(STUDY, "fp32") == 0.0
     small = L.advice({**RUN, "params": 459_008}, STUDY)
     int4_small = next(o for o in small["options"] if "int4" in o["flags"])
-    every = int(L._flag(int4_small["flags"], "--sync-every", "1"))
-    large = L.advice({**RUN, "params": int(2 * RUN["exposed_ms_p50"] * every / per_value)}, STUDY)
+    syncs = STUDY["modes"][int4_small["mode"]]["outer_steps"] / STUDY["steps"]  # about 1/H
+    large = L.advice({**RUN, "params": int(2 * RUN["exposed_ms_p50"] / syncs / per_value)}, STUDY)
     int4 = [next(o for o in a["options"] if "int4" in o["flags"]) for a in (small, large)]
     fewer = int4[0]["fewer_bytes"]
-    assert int4[0]["step_ms_estimate"] == pytest.approx(40.0 + 60.0 / fewer + per_value * 459_008 / every)
+    assert int4[0]["step_ms_estimate"] == pytest.approx(40.0 + 60.0 / fewer + per_value * 459_008 * syncs)
     assert int4[1]["speedup_estimate"] < 1 < int4[0]["speedup_estimate"]
 
 
@@ -118,5 +118,9 @@ def test_each_setting_says_how_many_outer_steps_this_runs_length_gives_against_t
     a = L.advice({**RUN, "steps": 160}, STUDY)
     for o in a["options"]:
         mode = STUDY["modes"][o["mode"]]
-        assert o["outer_steps"] == 160 // L.sync_every(mode) and o["study_outer_steps"] == mode["outer_steps"]
+        # the study's syncs per step at this run's length: 160 / H for a constant period
+        assert o["outer_steps"] == round(160 * mode["outer_steps"] / STUDY["steps"])
+        assert o["study_outer_steps"] == mode["outer_steps"]
+        if "--sync-schedule" not in o["flags"]:
+            assert abs(o["outer_steps"] - 160 / int(L._flag(o["flags"], "--sync-every", "1"))) <= 1
         assert f"| {o['outer_steps']} / {mode['outer_steps']} |" in "\n".join(L.markdown(a))
