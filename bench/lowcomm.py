@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import stdlib_corpus  # noqa: E402
 from bench.local_sgd import spread, torchrun_trainer  # noqa: E402
+from bench.lowcomm_heldout import Heldout, final_checkpoint, final_val_loss  # noqa: E402
 from bench.lowcomm_wire import wire_bench  # noqa: E402
 from bench.scaling_lab import machine_info  # noqa: E402
 
@@ -216,19 +217,41 @@ def study(args, work: Path, data: Path) -> list[dict]:
         for mode in order:
             if (mode, seed, args.steps) in have:
                 continue
-            tag = "" if args.corpus == "builtin" else f"{args.corpus}-"  # builtin: the names it always had
-            out = work / "raw" / f"{tag}{mode}-s{seed}-{args.steps}"
+            out = raw_dir(work, args.corpus, mode, seed, args.steps)
             out.parent.mkdir(parents=True, exist_ok=True)
             r = run_mode(data, out, mode, seed, args.steps, args.corpus)
             print(f"seed {seed} {mode}: val {r['val_loss']:.4f}, {r['bytes_per_step']:,.0f} B/step, "
                   f"{r['outer_steps']} outer steps, {r['wall_s']} s, load {r['load1']}", flush=True)
             runs.append(r)
             saved.write_text(json.dumps(runs, indent=1) + "\n")
-    runs = [r for r in runs if corpus_of(r) == args.corpus]
+    every_run, runs = runs, [r for r in runs if corpus_of(r) == args.corpus]
+    if score_on_heldout(runs, work, data, args.corpus):
+        saved.write_text(json.dumps(every_run, indent=1) + "\n")
     have = {(r["mode"], r["seed"], r["steps"]) for r in runs}
     runs += [r for r in joined(args.join) if corpus_of(r) == args.corpus
              and (r["mode"], r["seed"], r["steps"]) not in have]
     return [r for r in runs if r["steps"] == args.steps and r["seed"] in args.seeds]
+
+
+def raw_dir(work: Path, corpus: str, mode: str, seed: int, steps: int) -> Path:
+    """A run's trainer --out (builtin: the names it always had)."""
+    return work / "raw" / f"{'' if corpus == 'builtin' else corpus + '-'}{mode}-s{seed}-{steps}"
+
+
+def score_on_heldout(runs: list[dict], work: Path, data: Path, corpus: str, seq_len: int = SEQ) -> bool:
+    """Each run's `val_loss` becomes its final model's on the whole held-out set (bench/lowcomm_heldout.py);
+    the trainer's, on its first EVAL_BATCHES x BATCH sequences, stays as `val_loss_in_run`. Runs scored
+    before keep their numbers; a run whose checkpoint is gone keeps the trainer's. True if any changed."""
+    todo = [r for r in runs if "val_loss_in_run" not in r and
+            final_checkpoint(raw_dir(work, corpus, r["mode"], r["seed"], r["steps"]))]
+    held = Heldout(data, seq_len) if todo else None
+    for r in todo:
+        out = raw_dir(work, corpus, r["mode"], r["seed"], r["steps"])
+        r["val_loss_in_run"], r["val_loss"] = r["val_loss"], final_val_loss(out, held)
+        r["val_sequences"] = held.sequences
+        print(f"seed {r['seed']} {r['mode']}: val {r['val_loss']:.4f} on {held.sequences} held-out "
+              f"sequences ({r['val_loss_in_run']:.4f} on the first {EVAL_BATCHES * BATCH})", flush=True)
+    return bool(todo)
 
 
 # --- the report ---------------------------------------------------------------------------------------

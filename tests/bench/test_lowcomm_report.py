@@ -64,3 +64,32 @@ def test_a_study_folder_keeps_each_corpus_runs_apart(tmp_path):
     # every (mode, seed) is there, so nothing runs; each corpus sees only its own runs
     assert study(args("stdlib", [1]), tmp_path, tmp_path) == stdlib
     assert study(args("builtin", [1, 2]), tmp_path, tmp_path) == old
+
+
+def test_a_run_is_scored_by_its_final_model_on_sequences_from_the_whole_heldout_set(tmp_path):
+    """A real 1-rank run's last checkpoint, scored on sequences spread over every held-out row group: the
+    trainer's own number (its first sequences) stays beside it; a run without a checkpoint keeps its own."""
+    import torch
+
+    from bench.lowcomm import score_on_heldout
+    from bench.lowcomm_heldout import Heldout, final_val_loss
+    from tests.helpers.trainer_runs import TINY, trainer
+    from trainer.data.shards import prepare
+
+    data = tmp_path / "shards"
+    prepare(data, None, 512, 16, 8, seed=0)  # 32 row groups, the trainer holds out the last 4
+    out = tmp_path / "raw" / "ddp-s1-4"
+    r = trainer(["--data", data, "--out", out, "--steps", 4, *TINY], timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    trainer_val = json.loads((out / "summary.json").read_text())["val_loss"]
+    held = Heldout(data, 32)
+    assert held.sequences == min(1024, held.available) and len(held.batches[0]) == 32
+    assert held.batches[-1][-1].tolist() != held.batches[0][0].tolist()
+    runs = [run("ddp", 1, trainer_val, 1) | {"steps": 4}, run("h16-avg", 1, 9.0, 16) | {"steps": 4}]
+    assert score_on_heldout(runs, tmp_path, data, "builtin", seq_len=32)
+    scored, unscored = runs
+    assert scored["val_loss_in_run"] == trainer_val and scored["val_sequences"] == held.sequences
+    assert scored["val_loss"] == final_val_loss(out, held) != trainer_val
+    assert 0 < scored["val_loss"] < torch.log(torch.tensor(257.0)).item() + 1  # a loss, not garbage
+    assert unscored == run("h16-avg", 1, 9.0, 16) | {"steps": 4}
+    assert not score_on_heldout(runs, tmp_path, data, "builtin", seq_len=32)  # scored once
