@@ -254,6 +254,19 @@ def score_on_heldout(runs: list[dict], work: Path, data: Path, corpus: str, seq_
     return bool(todo)
 
 
+def heldout_words(runs: list[dict], corpus: dict) -> str:
+    """What the study's validation loss was measured on."""
+    scored = {r.get("val_sequences") for r in runs}
+    groups = corpus["val_row_groups"]
+    first = f"the first {EVAL_BATCHES * BATCH} sequences of the {groups} held-out row groups"
+    if scored == {None}:
+        return f"validation loss on {first} at the end of each run"
+    return (f"validation loss of each run's final model on {max(s or 0 for s in scored):,} sequences spread "
+            f"evenly over the {groups} held-out row groups (bench/lowcomm_heldout.py"
+            + ("" if None not in scored else "; runs without a kept checkpoint: the trainer's, on " + first)
+            + f"); the curves: the trainer's evaluations on {first}")
+
+
 # --- the report ---------------------------------------------------------------------------------------
 
 def summarize(runs: list[dict]) -> dict:
@@ -415,8 +428,7 @@ def main(argv=None) -> int:
                      f"sequences per rank per step, lr 3e-3 cosine, {args.steps} steps = "
                      f"{runs[0]['tokens']:,} tokens per run (at least {fewest_outer} outer steps); seeds "
                      f"{', '.join(map(str, args.seeds))} (one round each, the reference in every round); "
-                     f"validation loss on the first {EVAL_BATCHES * BATCH} sequences of the "
-                     f"{corpus['val_row_groups']} held-out row groups at the end of each run; bytes per "
+                     f"{heldout_words(runs, corpus)}; bytes per "
                      f"step: what each rank handed to the collectives, counted by the trainer, averaged "
                      f"over all steps. "
                      f"{describe_corpus(corpus, runs[0]['tokens'])}")}
