@@ -79,7 +79,7 @@ bench-trainer: setup  ## 1 vs 2 ranks on this machine against a textbook DDP loo
 bench-relaunch: data  ## launch.yml vs bare ssh+tmux on a prepared lab, 2 and 8 simulated hosts (root)
 	$(BIN)/python bench/relaunch.py --hosts 2 8 --rounds 3
 
-bench-lowcomm: setup  ## Low-communication modes vs per-step DDP at equal tokens, 2 local ranks (~40 min; LOWCOMM_ARGS="--steps 160 --seeds 1337" for a quick look; LOWCOMM_ARGS="--corpus stdlib": Python's own source, a harder corpus, to bench/results/lowcomm-stdlib/)
+bench-lowcomm: setup  ## Low-communication modes vs per-step DDP at equal tokens, 2 local ranks (~10 min idle, ~1 h busy; LOWCOMM_ARGS="--steps 160 --seeds 1337" for a quick look; LOWCOMM_ARGS="--corpus stdlib": Python's own source, a harder corpus, to bench/results/lowcomm-stdlib/)
 	nice -n 10 $(BIN)/python bench/lowcomm.py $(LOWCOMM_ARGS)
 
 bench-distribution: setup  ## Star vs relay: DIST_SIZE_MB to 2, 4, 8 simulated hosts, uplink 100 Mbit/s or 1 Gbit/s (root)
