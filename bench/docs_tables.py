@@ -167,18 +167,20 @@ def study_mode_of(comm: str) -> str | None:
     return None
 
 
-def lowcomm_128m(study: dict, *labs: dict) -> list[str]:
-    """The 128M model's speed (scaling labs' large-b1-long rounds) with the long study's loss beside it."""
-    rows = ["| sync | tokens/s vs 1 node [min-max] | step exposed to the sync | val loss vs per-step DDP "
-            "in the long study, median [min to max] | lab |", "|---|---|---|---|---|"]
-    for lab in labs:
-        for r in local_rows(lab["sizes"]["large-b1-long"]):
-            mode = study_mode_of(r["comm"])
-            studied = study["modes"].get(mode)
-            loss = relative(studied["val_loss_vs_ddp"]) if studied else "not studied"
-            rows.append(f"| {sync_label(r['comm'])} (`{run_flags(r['comm'])}`) | {speedup(r)} | "
-                        f"{r['exposed_pct']:.0f} % | {loss} | {lab['id']} |")
-    return rows
+def lowcomm_speed(size: str):
+    """A model's speed in scaling labs (their `size` rounds; the link each lab ran at) with the long study's
+    loss beside each setting."""
+    def make(study: dict, *labs: dict) -> list[str]:
+        rows = ["| sync | tokens/s vs 1 node [min-max] | step exposed to the sync | val loss vs per-step DDP "
+                "in the long study, median [min to max] | lab (link) |", "|---|---|---|---|---|"]
+        for lab in labs:
+            for r in local_rows(lab["sizes"][size]):
+                studied = study["modes"].get(study_mode_of(r["comm"]))
+                loss = relative(studied["val_loss_vs_ddp"]) if studied else "not studied"
+                rows.append(f"| {sync_label(r['comm'])} (`{run_flags(r['comm'])}`) | {speedup(r)} | "
+                            f"{r['exposed_pct']:.0f} % | {loss} | {lab['id']} ({lab['rate']}) |")
+        return rows
+    return make
 
 
 def sync_overlap(overlap: dict, screen: dict) -> list[str]:
@@ -274,8 +276,8 @@ TABLES = {"distribution": ((report("distribution"),), distribution),
           "distribution_1g": ((report("distribution-1g"),), distribution),
           "local_sgd_long": ((report("scaling_lab_long"), report("scaling_lab")), local_sgd_long),
           "lowcomm": ((report("lowcomm"),), lowcomm),
-          "lowcomm_128m": ((report("lowcomm-stdlib"), report("scaling_lab_h8"), report("scaling_lab_stream")),
-                           lowcomm_128m),
+          "lowcomm_128m": ((report("lowcomm-stdlib"), report("scaling_lab_h8"), report("scaling_lab_stream"),
+                            report("scaling_lab_fragments")), lowcomm_speed("large-b1-long")),
           "lowcomm_stdlib": ((report("lowcomm-stdlib"),), lowcomm),
           "relaunch": ((report("relaunch"),), relaunch),
           "scaling_1gbit": ((report("scaling_lab"), report("scaling_lab_long"),
