@@ -41,8 +41,8 @@ def main() -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from trainer.cli import parse_config
     from trainer.comm import GradComm
-    from trainer.config import parse_config
     from trainer.metrics import CommTimer
     from trainer.model import GPT, GPTConfig
 

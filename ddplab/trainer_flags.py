@@ -1,14 +1,14 @@
 """The built-in trainer's command line for a launch, from ddplab's settings.
 
 One home for which setting sets which trainer flag; the flags themselves are the trainer's own
-(trainer.config.command_line spells them from TrainConfig's fields). roles/launch's launch_args (through
+(trainer.cli.command_line spells them from TrainConfig's fields). roles/launch's launch_args (through
 plugins/lookup/ddplab_trainer_flags.py), the settings check (ddplab/settings/external.py) and, through the
 role's variables, `python -m ddplab export sbatch` all build the command line here.
 """
 
 from __future__ import annotations
 
-from trainer.config import command_line, flag_of
+from trainer.cli import command_line, flag_of
 
 # ddplab setting -> the trainer's field it sets, in the order of the command line; --resume (decided by the
 # launch role per run, from ddplab_resume and the run's checkpoints) goes between the two groups

@@ -10,13 +10,14 @@ import sys
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--check-args"]:
-        from trainer.config import check_args
+        from trainer.cli import check_args
 
         problem = check_args(sys.argv[2:])
         if problem:
             print(f"ddplab: error: {problem}", file=sys.stderr)
         sys.exit(2 if problem else 0)
-    from trainer.config import UsageError, parse_config
+    from trainer.cli import parse_config
+    from trainer.config import UsageError
 
     try:
         parse_config(sys.argv[1:])

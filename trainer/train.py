@@ -27,8 +27,9 @@ from trainer import checkpoint, elastic
 from trainer import dist as D
 from trainer.agreement import agree, check_is_due, check_params_agree, params_already_agree, setup_checks
 from trainer.balance import ShareController, micro_batches
+from trainer.cli import parse_config
 from trainer.comm import GradComm
-from trainer.config import TrainConfig, UsageError, parse_config
+from trainer.config import TrainConfig, UsageError
 from trainer.data.heldout import ValBatches
 from trainer.data.loader import ShardLoader
 from trainer.data.shards import Dataset

@@ -35,16 +35,16 @@ def trainer_argv(v: dict) -> list[str]:
 
 
 def trainer_message(argv: list[str]) -> str | None:
-    """The trainer's complaint about argv, or None. Uses trainer.config.check_args when it exists."""
-    from trainer import config
+    """The trainer's complaint about argv, or None. Uses trainer.cli.check_args when it exists."""
+    from trainer import cli, config
 
-    check = getattr(config, "check_args", None)
+    check = getattr(cli, "check_args", None)
     if check is not None:
         return check(argv)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            config.parse_config(argv)
+            cli.parse_config(argv)
     except config.UsageError as e:
         return str(e)
     except SystemExit:  # argparse: unknown flag, bad type; its one line is on stderr

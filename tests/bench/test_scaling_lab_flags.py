@@ -3,7 +3,7 @@
 import pytest
 
 from bench import scaling_lab
-from trainer.config import check_args
+from trainer.cli import check_args
 
 
 @pytest.mark.parametrize("label, want", [

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.helpers.launch_render import REPO, render_launch
-from trainer.config import check_args
+from trainer.cli import check_args
 
 RDZV_TIMEOUT_S = 8
 

@@ -169,7 +169,7 @@ def test_trial_plan_rotates_the_order_and_times_only_the_rounds():
 
 
 def test_powersgd_state_only_when_it_may_be_used():
-    from trainer.config import parse_config
+    from trainer.cli import parse_config
     from trainer.metrics import CommTimer
 
     def comm(*flags, world=2):
@@ -188,7 +188,8 @@ def test_powersgd_state_only_when_it_may_be_used():
     (["--auto-trial-steps", "2"], "--auto-trial-steps"),
 ])
 def test_bad_comm_settings_are_refused(flags, needle):
-    from trainer.config import UsageError, parse_config
+    from trainer.cli import parse_config
+    from trainer.config import UsageError
 
     with pytest.raises(UsageError, match=needle):
         parse_config(["--data", "d", "--out", "o", *flags])
@@ -203,7 +204,7 @@ def test_a_bad_comm_setting_is_one_line_and_exit_2(shards, tmp_path):
 
 
 def test_comm_flags_map_onto_the_config():
-    from trainer.config import parse_config
+    from trainer.cli import parse_config
 
     base = ["--data", "d", "--out", "o"]
     c = parse_config(base)
@@ -240,7 +241,7 @@ def test_powersgd_resumes_from_a_checkpoint_with_fresh_compression_state(shards,
                                         ({"fp32": 100, "bf16": 99, "powersgd": 50}, "powersgd")])
 def test_the_auto_schedule_decides_from_its_rounds_and_frees_powersgd_unless_chosen(ms, choice):
     """The real schedule fed hand-made step times (one process: the gathers are local)."""
-    from trainer.config import parse_config
+    from trainer.cli import parse_config
     from trainer.metrics import CommTimer
 
     cfg = parse_config(["--data", "d", "--out", "o", "--comm", "auto", "--timing-warmup-steps", "2"])

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from tests.helpers.trainer_runs import REPO, env
-from trainer.config import FIELD_HELP, TrainConfig, UsageError, check_args, command_line, parse_config
+from trainer.cli import check_args, command_line, parse_config
+from trainer.config import FIELD_HELP, TrainConfig, UsageError
 
 
 def test_depth_sets_width_and_heads():

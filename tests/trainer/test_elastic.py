@@ -9,7 +9,8 @@ import torch
 
 from tests.helpers.trainer_runs import error_lines, trainer
 from trainer import checkpoint, elastic
-from trainer.config import TrainConfig, UsageError, check_args
+from trainer.cli import check_args
+from trainer.config import TrainConfig, UsageError
 from trainer.data.shards import open_dataset
 from trainer.data.shared_stream import SharedStreamLoader
 

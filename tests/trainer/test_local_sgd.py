@@ -16,7 +16,8 @@ import torch.multiprocessing as mp
 from tests.helpers.trainer_runs import REPO, TINY, env, error_lines, free_port, read_jsonl, torchrun
 from trainer import quant_wire
 from trainer.agreement import param_sha256
-from trainer.config import UsageError, check_args
+from trainer.cli import check_args
+from trainer.config import UsageError
 from trainer.local_sgd import LocalSGD, crossed, split_fragments
 from trainer.model import GPTConfig, param_count
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tests.helpers.trainer_runs import TINY, read_jsonl, torchrun
-from trainer.config import TrainConfig, check_args
+from trainer.cli import check_args
+from trainer.config import TrainConfig
 from trainer.local_sgd import LocalSGD
 from trainer.optim import lr_at
 from trainer.sync_schedule import sync_points
