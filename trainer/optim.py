@@ -36,3 +36,9 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     span = max(1, cfg.steps - cfg.lr_warmup_steps)
     progress = min(1.0, (step - cfg.lr_warmup_steps) / span)
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def lr_ratio_at(cfg: TrainConfig, step: int) -> float:
+    """The learning rate at 0-based `step` over its peak, the warm-up counting as the peak: what
+    --sync-schedule stretches the sync period by (trainer/sync_schedule.py)."""
+    return lr_at(cfg, max(step, cfg.lr_warmup_steps)) / cfg.lr

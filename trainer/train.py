@@ -41,7 +41,7 @@ from trainer.launch_contract import new_run_id
 from trainer.local_sgd import LocalSGD
 from trainer.metrics import CommTimer, JsonlWriter, progress_line
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
-from trainer.optim import lr_at, make_adamw
+from trainer.optim import lr_at, lr_ratio_at, make_adamw
 from trainer.peak import measure_peak_flops, mfu
 from trainer.resilience import StragglerWatch, is_comm_failure, lost_peer_line
 from trainer.summary import rank_summary, run_summary
@@ -185,7 +185,7 @@ def build(cfg: TrainConfig, start: Start) -> Parts:
     lsgd = (LocalSGD(raw.parameters(), cfg.sync_every, cfg.steps, cfg.outer_lr, cfg.outer_momentum,
                      wire=cfg.comm, overlap=cfg.sync_overlap, per_step_until=cfg.sync_every_after,
                      fragments=cfg.sync_fragments, schedule=cfg.sync_schedule,
-                     lr_ratio=lambda step: lr_at(cfg, max(step, cfg.lr_warmup_steps)) / cfg.lr)
+                     lr_ratio=lambda step: lr_ratio_at(cfg, step))
             if cfg.sync_every > 1 else None)  # low-communication mode: H local steps, then one sync
     evaluator = Evaluator(start.val, cfg.eval_every_tokens, di.rank, di.world_size)
     return Parts(gcfg, raw, opt, loader, shares, lsgd, evaluator, cfg.tokens_per_rank_step * di.world_size)

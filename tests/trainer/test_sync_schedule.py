@@ -10,7 +10,7 @@ from tests.helpers.trainer_runs import TINY, read_jsonl, torchrun
 from trainer.cli import check_args
 from trainer.config import TrainConfig
 from trainer.local_sgd import LocalSGD
-from trainer.optim import lr_at
+from trainer.optim import lr_ratio_at
 from trainer.sync_schedule import sync_points
 
 BASE = ["--data", "d", "--out", "o"]
@@ -20,7 +20,7 @@ def ratio_of(steps: int):
     """The trainer's learning rate over its peak at each 0-based step (5 warm-up steps count as the peak;
     cosine to 0.1 of it), as train.py hands it to LocalSGD."""
     cfg = TrainConfig(data="d", out="o", steps=steps, sync_every=2, allow_local_sgd=True)
-    return lambda step: lr_at(cfg, max(step, cfg.lr_warmup_steps)) / cfg.lr
+    return lambda step: lr_ratio_at(cfg, step)
 
 
 @pytest.mark.parametrize("steps, every, fragments, warm", [(10, 4, 1, 0), (20, 4, 1, 6), (24, 8, 4, 0),
