@@ -21,7 +21,7 @@ from ddplab.errors import DdplabError
 # The scan's findings that explain a smoke problem with no file:line of its own.
 HINT_KINDS = {"no-group": {"pg-only-on-cuda", "nccl"}, "bad-group": {"nccl", "pg-only-on-cuda"},
               "no-collectives": {"ddp-device-ids", "pg-only-on-cuda"}, "crash": set(), "disagree": set(),
-              "no-training": set()}
+              "no-training": set(), "rank-layout": set()}
 
 
 def hints_for(problem: dict, findings: list[Finding]) -> list[Finding]:

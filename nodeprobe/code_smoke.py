@@ -17,8 +17,11 @@ process it starts is in one process group, killed at the end, on timeout too.
 
 A pass is remembered in ``cache`` (the lab folder) under a key of the code hash, entry point, arguments,
 ``ddplab_env``, the torch version and this probe's own source: a relaunch of unchanged code skips it.
+The ranks see the run's layout (``layout``: ``nodes``, the run's node count) and compile into folders
+of their own (``compile_cache``).
+
 Spec keys: python, src, scratch, entrypoint, args, user_env, lab_env, workdir, seconds, steps, threads,
-cache, code_hash_file.
+cache, code_hash_file, nodes, compile_cache.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ CACHE_KEEP = 32
 RANK_SCRIPT = Path(__file__).with_name("smoke_rank.py")
 # the caller's variables the ranks do not inherit (each rank gets its own)
 INHERITED_NOT = ("TMUX", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+COMPILE_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"  # torch.compile's caches (FX graph, AOT autograd, .so, Triton)
 
 
 def entry_argv(entrypoint: str, args: list) -> list[str]:
@@ -97,15 +101,43 @@ def loopback_socket() -> socket.socket:
     return sock
 
 
-def rank_env(spec: dict, rank: int, port: int, code: Path, run_dir: Path) -> dict:
-    world = str(int(spec.get("world") or WORLD))
+def layout(spec: dict, rank: int) -> dict:
+    """The rank variables torchrun gives smoke rank ``rank``, as in the real run: on a lab of several nodes
+    the ranks stand in for the first rank of as many nodes (LOCAL_RANK 0 each, GROUP_RANK their node), so
+    code that takes LOCAL_RANK for the global rank fails here as it would across nodes; on one node they
+    are its local ranks. Either way the variables agree with each other
+    (RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK): the smoke group has only ``world`` ranks."""
+    world = int(spec.get("world") or WORLD)
+    if int(spec.get("nodes") or 1) >= world:
+        node, local, per_node, nodes = rank, 0, 1, world
+    else:
+        node, local, per_node, nodes = 0, rank, world, 1
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": str(nodes),
+            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+            # ddplab's own names in trainer.env
+            "NODE_RANK": str(node), "NNODES": str(nodes), "NPROC_PER_NODE": str(per_node)}
+
+
+def compile_cache(spec: dict, scratch: Path, rank: int) -> Path:
+    """The rank's own torch.compile cache folder (TORCHINDUCTOR_CACHE_DIR): ranks sharing one would load
+    each other's half-written compiled libraries. Under the lab's compile cache (``compile_cache``, kept
+    for the next smoke run), else in the scratch folder; never torch's default /tmp/torchinductor_<user>,
+    a name any local user can create first."""
+    base = Path(spec["compile_cache"]) if spec.get("compile_cache") else scratch / "compile-cache"
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return base / f"smoke-rank{rank}"
+
+
+def rank_env(spec: dict, rank: int, port: int, scratch: Path) -> dict:
+    code, run_dir = scratch / "code", scratch / "run"
     env = {k: v for k, v in os.environ.items() if k not in INHERITED_NOT}
     threads = str(int(spec.get("threads") or 1))
     env.update({str(k): str(v) for k, v in (spec.get("lab_env") or {}).items()})
+    env[COMPILE_CACHE_VAR] = str(compile_cache(spec, scratch, rank))  # a value in ddplab_env wins
     env.update({str(k): str(v) for k, v in (spec.get("user_env") or {}).items()})
+    env.update(layout(spec, rank))
     env.update({
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world,
-        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": world,
         "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
         "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "ddplab-smoke",
         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "GLOO_SOCKET_IFNAME": "lo",
@@ -179,7 +211,7 @@ def run_ranks(spec: dict, scratch: Path) -> dict:
             with open(logs / f"rank{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(
                     rank_argv(spec, reports / f"rank{rank}.json", steps),
-                    env=rank_env(spec, rank, port, code, run_dir), cwd=cwd, stdin=subprocess.DEVNULL,
+                    env=rank_env(spec, rank, port, scratch), cwd=cwd, stdin=subprocess.DEVNULL,
                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=join_group(store.pid)))
         ranks = procs[1:]
         failed_at = None
@@ -232,6 +264,13 @@ def judge(run: dict) -> dict:
     if errors:
         first = errors[0]
         err = first["error"]
+        if err["type"] == "RankLayoutError":
+            return {"verdict": "fail", "problems": [problem(
+                "rank-layout", f"rank {first['rank']}: {err['message']}", 'pass '
+                'rank=int(os.environ["RANK"]) and world_size=int(os.environ["WORLD_SIZE"]), or leave both '
+                "out (init_process_group reads them from torchrun's environment); keep LOCAL_RANK for "
+                "choosing a device",
+                first["rank"], err.get("where"))]}
         fix = ('create the process group on CPU too (init_process_group(backend="gloo")) before this call'
                if first.get("init") is None and "process group" in err["message"]
                else "make the code run on CPU under gloo at that place")
@@ -322,7 +361,8 @@ def cache_key(spec: dict) -> str:
              "args": list(map(str, spec.get("args") or [])),
              "env": {str(k): str(v) for k, v in (spec.get("user_env") or {}).items()},
              "workdir": spec.get("workdir", "code"), "torch": torch_version(), "python": spec["python"],
-             "steps": int(spec.get("steps") or 2), "probe": own}
+             "steps": int(spec.get("steps") or 2), "probe": own,
+             "layout": [layout(spec, r) for r in range(int(spec.get("world") or WORLD))]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

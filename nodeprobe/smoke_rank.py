@@ -39,6 +39,39 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
                "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv")
 
 
+class RankLayoutError(RuntimeError):
+    """The code gave init_process_group a rank or world size other than torchrun's (RANK, WORLD_SIZE)."""
+
+
+# what taking a node's variable for the run's does on several nodes
+ALIAS_HARM = {"LOCAL_RANK": "the rank within a node, repeated on every node (two ranks claim one rank: "
+                            "the group never forms)",
+              "LOCAL_WORLD_SIZE": "the ranks of one node (each node waits for a group of its own size)",
+              "GROUP_RANK": "the node's number, not the process's", "GROUP_WORLD_SIZE": "the number of nodes"}
+
+
+def layout_mismatch(args: tuple, kwargs: dict) -> str | None:
+    """What is wrong with the rank or world size passed to init_process_group(backend, init_method, timeout,
+    world_size, rank, ...), measured against the environment torchrun set; None when they agree or are
+    left to the environment."""
+    env = os.environ
+    for name, position, var in (("rank", 4, "RANK"), ("world_size", 3, "WORLD_SIZE")):
+        given = kwargs.get(name, args[position] if len(args) > position else -1)
+        try:
+            given, want = int(given), int(env[var])
+        except (TypeError, ValueError, KeyError):
+            continue
+        if given in (-1, want):
+            continue
+        alias = next((v for v in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
+                      if env.get(v) == str(given)), "")
+        return (f"init_process_group({name}={given}), but torchrun made this process rank {env.get('RANK')} "
+                f"of {env.get('WORLD_SIZE')} ({var}={want}), local rank {env.get('LOCAL_RANK')} on node "
+                f"{env.get('GROUP_RANK')} of {env.get('GROUP_WORLD_SIZE')}"
+                + (f"; {given} is its {alias}: {ALIAS_HARM[alias]}" if alias else ""))
+    return None
+
+
 class Recorder:
     """What one rank did, written to its report file after every event."""
 
@@ -166,6 +199,9 @@ def install(rec: Recorder) -> None:
     original_init, original_destroy = c10d.init_process_group, c10d.destroy_process_group
 
     def init_process_group(*args, **kwargs):
+        wrong = layout_mismatch(args, kwargs)
+        if wrong:  # raised here, the place is the user's call; let through, the group would hang or split
+            raise RankLayoutError(wrong)
         out = original_init(*args, **kwargs)
         rec.on_init()
         return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import threading
@@ -31,6 +32,7 @@ CASES = {  # entry point -> (args, user_env)
     "exits_early.py": ([], {}),
     "false_alarm.py": ([], {}),
     "collectives_only.py": ([], {}),
+    "local_rank_as_rank.py": ([], {}),
     "-m pkg.train": (["--steps", "3"], {"SMOKE_FIXTURE_VAR": "set", "OUT_DIR": "out-pkg"}),
     # nanochat's shape (chatlike/): the group on CUDA only, an optimizer that all-reduces by itself
     "-m scripts.base_train": (["--device-type=cpu"], {}),
@@ -39,10 +41,11 @@ CHATLIKE = FIXTURES / "chatlike"
 
 
 def spec_for(entry: str, scratch: Path, **extra) -> dict:
+    """The smoke run's spec, for a lab of 2 nodes (its ranks stand in for the first rank of each)."""
     args, env = CASES.get(entry, ([], {}))
     src = CHATLIKE if entry == "-m scripts.base_train" else FIXTURES
     return {"python": sys.executable, "src": str(src), "scratch": str(scratch), "entrypoint": entry,
-            "args": args, "user_env": env, "seconds": 150, "steps": 2, **extra}
+            "args": args, "user_env": env, "seconds": 150, "steps": 2, "nodes": 2, **extra}
 
 
 def smoke(spec: dict, timeout: float = 180) -> dict:
@@ -174,6 +177,52 @@ def test_collectives_without_an_optimizer_pass_with_a_note(results):
     r = results["collectives_only.py"]
     assert r["verdict"] == "pass" and "made no torch.optim step" in r["note"], r
     assert all(rank["calls"] == {"all_reduce": 1} and rank["ops"] >= 1 for rank in r["ranks"])
+
+
+def fixture_line(name: str, text: str) -> int:
+    return next(i + 1 for i, ln in enumerate((FIXTURES / name).read_text().splitlines()) if text in ln)
+
+
+def test_local_rank_taken_for_the_rank_is_refused_at_the_call(results):
+    """On 2 nodes both first ranks have LOCAL_RANK 0: the smoke ranks get that layout, so code passing
+    LOCAL_RANK as the global rank is refused at its init_process_group instead of hanging the real run."""
+    r = results["local_rank_as_rank.py"]
+    p = problem(r)
+    assert p["kind"] == "rank-layout", r
+    line = fixture_line("local_rank_as_rank.py", "init_process_group")
+    assert p["where"] == f"local_rank_as_rank.py:{line}"
+    assert "init_process_group(rank=0), but torchrun made this process rank 1 of 2" in p["what"]
+    assert "0 is its LOCAL_RANK" in p["what"] and 'rank=int(os.environ["RANK"])' in p["fix"]
+    out = verdict(r, "local_rank_as_rank.py")
+    assert out.returncode == 1, out
+    assert "0 is its LOCAL_RANK: the rank within a node" in out.stdout
+    assert f" at {p['where']}; patch: pass rank=int(" in out.stdout
+
+
+def test_local_rank_for_the_rank_trains_on_a_lab_of_one_node(tmp_path):
+    """On one node LOCAL_RANK is the rank: the smoke ranks are that node's local ranks and it passes."""
+    r = smoke(spec_for("local_rank_as_rank.py", tmp_path / "r" / "smoke", nodes=1))
+    assert r["verdict"] == "pass", r
+
+
+def test_each_rank_compiles_into_a_folder_of_its_own(tmp_path):
+    """torch.compile (inductor on CPU) cold in both ranks: each builds its libraries in its own folder under
+    the lab's compile cache, none in torch's shared default (/tmp/torchinductor_<user>)."""
+    cache = tmp_path / "lab" / "compile-cache"
+    r = smoke(spec_for("compiled_ddp.py", tmp_path / "r" / "smoke", compile_cache=str(cache), seconds=300),
+              timeout=330)
+    assert r["verdict"] == "pass", r
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    built = {rank: sorted(p.name for p in (cache / f"smoke-rank{rank}").rglob("*.so")) for rank in (0, 1)}
+    assert built[0] and built[1], built  # each rank built its own, from the same graphs
+    assert sorted(p.name for p in cache.iterdir()) == ["smoke-rank0", "smoke-rank1"]
+
+
+def test_a_compile_cache_set_in_ddplab_env_is_kept(tmp_path):
+    env = code_smoke.rank_env({"user_env": {"TORCHINDUCTOR_CACHE_DIR": "/srv/mine"}}, 1, 1, tmp_path)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/srv/mine"
+    env = code_smoke.rank_env({"compile_cache": str(tmp_path / "cc")}, 1, 1, tmp_path)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cc" / "smoke-rank1")
 
 
 def test_a_pass_is_remembered_and_a_change_runs_again(tmp_path):
