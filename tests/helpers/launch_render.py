@@ -23,7 +23,7 @@ from jinja2.nativetypes import NativeEnvironment
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
-TEMPLATES = ("launch.sh.j2", "trainer.env.j2")
+TEMPLATES = ("launch.sh.j2", "trainer.env.j2", "rank_python.sh.j2")
 
 
 def _bool(value) -> bool:
