@@ -34,6 +34,7 @@ LAUNCH_VARS = REPO / "roles" / "launch" / "vars" / "main.yml"
 LOOKUP_PLUGINS = REPO / "plugins" / "lookup"
 TEMPLATE = Path(__file__).with_name("export_sbatch.sh.j2")
 HASHING = REPO / "nodeprobe" / "hashing.py"
+RANK_PYTHON = REPO / "roles" / "launch" / "templates" / "rank_python.sh.j2"  # torchrun's PYTHON_EXEC
 # The first comment line of every exported script: a file without it is the user's and is never overwritten.
 MARKER = "Written by `python -m ddplab export sbatch`"
 TIME_LIMIT = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")  # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
@@ -76,7 +77,7 @@ def lab_paths(v: dict, root: str, run: str) -> dict:
     pythonpath = f"{root}/code" + (f"/{v['ddplab_code_subdir']}" if byo else "")
     run_dir = f"{root}/runs/{run}"
     return {"root": root, "code": f"{root}/code", "pythonpath": pythonpath, "data": f"{root}/data",
-            "runs": f"{root}/runs", "run_dir": run_dir, "byo": byo,
+            "runs": f"{root}/runs", "run_dir": run_dir, "byo": byo, "compile_cache": f"{root}/compile-cache",
             "rank_cwd": pythonpath if byo and v["ddplab_workdir"] == "code" else run_dir}
 
 
@@ -100,6 +101,14 @@ def trainer_argv(v: dict, lab: dict, run: str) -> tuple[list[str], str]:
                  "launch_resume_run": v["ddplab_resume"]})
     argv = t.template(trust_as_template("{{ launch_trainer_argv }}"))
     return [str(a) for a in argv], str(t.template(trust_as_template("{{ launch_threads_flag }}")))
+
+
+def rank_python(run: str, python: str) -> str:
+    """The launch role's rank_python for this job: each local rank compiles into a folder of its own."""
+    from ansible.template import trust_as_template
+
+    variables = {"ansible_managed": MARKER, "ddplab_run": run, "launch_rank_python": python}
+    return templar(variables).template(trust_as_template(RANK_PYTHON.read_text()), escape_backslashes=False)
 
 
 def heredoc_end(text: str, word: str) -> str:
@@ -132,6 +141,7 @@ def job_data(args, v: dict, nodes: list[str]) -> dict:
         manifest = json.dumps(json.loads((Path(v["ddplab_data_dir"]) / "manifest.json").read_text()),
                               separators=(",", ":"))
     hashing_py = HASHING.read_text()
+    wrapper = rank_python(run, args.python)
     out_name = os.path.basename(args.output) if args.output != "-" else "job.sbatch"
     return {
         "marker": MARKER, "inventory": args.inventory, "run": run, "job_name": f"ddplab-{run}",
@@ -145,6 +155,10 @@ def job_data(args, v: dict, nodes: list[str]) -> dict:
         "env": v["ddplab_env"], "manifest": manifest,
         "manifest_end": heredoc_end(manifest, "DDPLAB_MANIFEST"),
         "hashing_py": hashing_py, "hashing_end": heredoc_end(hashing_py, "DDPLAB_HASHING"),
+        # as launch_compile_cache_own: ddplab_env may name the compile cache (or torchrun's Python) itself
+        "compile_cache_own": not {"TORCHINDUCTOR_CACHE_DIR", "PYTHON_EXEC"} & set(v["ddplab_env"]),
+        "compile_cache": lab["compile_cache"], "rank_python": wrapper,
+        "rank_python_end": heredoc_end(wrapper, "DDPLAB_RANK_PYTHON"),
         "control_data_dir": v["ddplab_data_dir"],
     }
 

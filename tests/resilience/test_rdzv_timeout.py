@@ -19,7 +19,7 @@ RDZV_TIMEOUT_S = 8
 def _render(tmp_path, port: int) -> dict[str, str]:
     lab = {"root": str(tmp_path), "code": str(REPO), "pythonpath": str(REPO), "data": str(tmp_path / "data"),
            "runs": str(tmp_path / "runs"), "socket": str(tmp_path / "tmux.sock"),
-           "python_file": str(tmp_path / "python")}
+           "python_file": str(tmp_path / "python"), "compile_cache": str(tmp_path / "compile-cache")}
     # the facts that roles/ddplab (facts, dirs, run_id) and the launch role's own tasks set on a node
     facts = {"ddplab_lab": lab, "ddplab_run": "run-rdzv", "ddplab_run_dir": f"{lab['runs']}/run-rdzv",
              "ddplab_rank_cwd": f"{lab['runs']}/run-rdzv",

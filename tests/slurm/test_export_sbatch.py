@@ -10,6 +10,7 @@ import json
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,24 @@ def test_script_passes_bash_n_and_runs_the_tmux_paths_trainer_argv(exported):
     assert shlex.split(argv)[:3] == ["-m", "trainer", "--data"] and "--steps 7" in argv
     assert "export LAB_NOTE='it'\"'\"'s a test'" in text  # ddplab_env, quoted once
     assert "scontrol show hostnames \"$SLURM_JOB_NODELIST\"" in text and "srun" in text
+
+
+def test_each_local_rank_compiles_into_a_folder_of_its_own(exported, tmp_path):
+    """The job writes the launch role's rank_python (torchrun's PYTHON_EXEC) into the run folder; each
+    node's ranks compile under ROOT/compile-cache/<host>/local<LOCAL_RANK> (the root is shared)."""
+    script, root = exported
+    text = script.read_text()
+    wrapper = re.search(r"<<'(DDPLAB_RANK_PYTHON_*)'\n(.*?)^\1$", text, re.M | re.S).group(2)
+    assert 'PYTHON_EXEC="$DDPLAB_RUN_DIR/rank_python"' in text
+    assert f"export DDPLAB_COMPILE_CACHE={root}/compile-cache/\"$DDPLAB_HOST\"" in text
+    (tmp_path / "rank_python").write_text(wrapper)
+    cache = tmp_path / "compile-cache" / "box-b"
+    env = {"PATH": "/usr/bin:/bin", "LOCAL_RANK": "1", "DDPLAB_COMPILE_CACHE": str(cache)}
+    out = subprocess.run(["sh", str(tmp_path / "rank_python"), "-c",
+                          "import os, sys; print(os.environ['TORCHINDUCTOR_CACHE_DIR'], sys.executable)"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert out == [f"{cache}/local1", sys.executable]
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
 
 
 def test_check_only_passes_with_the_pinned_torch_and_the_manifests_shards(exported):
