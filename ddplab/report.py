@@ -16,7 +16,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from ddplab import lowcomm_advice, tb_export
+from ddplab import lowcomm_advice, tb_export, unpack
 from ddplab.errors import DdplabError
 from nodeprobe import log_metrics
 
@@ -289,8 +289,8 @@ def write_report(run_dir, nodes=(), log_pattern=""):
 def unpack_archives(run_dir, nodes):
     """Unpack each fetched ``<run_dir>/<node>.tgz`` (roles/logs) into ``<run_dir>/<node>/`` over what an
     earlier collect left there, then remove it: one control-side step for every node, not three per node.
-    The archives come from the nodes: the ``data`` filter refuses absolute paths, links out of the folder
-    and device files, and drops setuid bits."""
+    The archives come from the nodes: ddplab/unpack.py takes plain relative files and folders only, and
+    refuses an archive with anything else before writing any of it (the archive then stays, for a look)."""
     run_dir = Path(run_dir)
     unpacked = []
     for node in nodes:
@@ -300,8 +300,11 @@ def unpack_archives(run_dir, nodes):
         dest = run_dir / node
         dest.mkdir(parents=True, exist_ok=True)
         try:
-            with tarfile.open(archive) as tar:
-                tar.extractall(dest, filter="data")
+            unpack.unpack(archive, dest)
+        except DdplabError as e:
+            raise DdplabError(f"{node}'s archive {archive} is refused: {e}; nothing of it was unpacked; "
+                              "a node packs plain files only (nodeprobe/pack_run.py): look at what else "
+                              f"wrote it on {node}") from None
         except (OSError, tarfile.TarError) as e:
             raise DdplabError(f"cannot unpack {archive} ({node}'s logs): {e}; collect the run again "
                               "(playbooks/collect_logs.yml)") from e

@@ -5,10 +5,11 @@
 
 Takes the files of RUN_DIR whose name matches a --pattern (recursively, minus --exclude), plus the files
 named by each --glob (relative to --glob-dir, the ranks' working folder, default RUN_DIR; `**` recurses;
-only files inside that folder; packed under their path relative to it), and the whole
-tmux scrollback of the run's session as pane.txt. The archive is 0600 and trainer.env goes in with the
-values of ddplab_env redacted. Prints one JSON object: {"files": [...], "pane": bool}.
-A run folder that does not exist or holds no matching file prints {"files": []} (the role names it).
+only files inside that folder; packed under their path relative to it), and the whole tmux scrollback of the
+run's session as pane.txt. Every member is a plain file (a link is packed as the file it names, when that is
+inside its folder): the control host unpacks plain files only (ddplab/unpack.py). The archive is 0600 and
+trainer.env goes in with the values of ddplab_env redacted. Prints one JSON object: {"files": [...], "pane":
+bool}. A run folder that does not exist or holds no matching file prints {"files": []} (the role names it).
 Standard library only: it runs with the node's system Python from the synced code folder.
 """
 
@@ -26,22 +27,27 @@ import tarfile
 import time
 
 
+def plain_inside(path: str, folder: str) -> bool:
+    """path is (or links to) a regular file inside folder."""
+    real = os.path.realpath(path)
+    return os.path.isfile(real) and real.startswith(os.path.realpath(folder) + os.sep)
+
+
 def select(run_dir: str, patterns: list[str], excludes: list[str], globs: list[str],
            glob_dir: str | None = None) -> dict[str, str]:
     """{name in the archive: path on the node} of the files to collect."""
     glob_dir = glob_dir or run_dir
-    root = os.path.realpath(glob_dir)
     out: dict[str, str] = {}
     for dirpath, _dirs, files in os.walk(run_dir):
         for name in files:
             if any(fnmatch.fnmatch(name, p) for p in patterns) and not any(fnmatch.fnmatch(name, x)
                                                                            for x in excludes):
                 path = os.path.join(dirpath, name)
-                out[os.path.relpath(path, run_dir)] = path
+                if plain_inside(path, run_dir):
+                    out[os.path.relpath(path, run_dir)] = path
     for pattern in globs:
         for path in glob.glob(os.path.join(glob.escape(glob_dir), pattern), recursive=True):
-            real = os.path.realpath(path)
-            if os.path.isfile(real) and real.startswith(root + os.sep):
+            if plain_inside(path, glob_dir):
                 out.setdefault(os.path.relpath(path, glob_dir), path)
     return dict(sorted(out.items()))
 
@@ -92,7 +98,8 @@ def pack(out: str, files: dict[str, str], pane: str) -> None:
                 with open(path, errors="replace") as f:
                     _add_text(tar, rel, redact_env(f.read()), 0o600)
             else:
-                tar.add(path, arcname=rel, recursive=False)
+                with open(path, "rb") as f:  # the file a link names, as a plain file
+                    tar.addfile(tar.gettarinfo(arcname=rel, fileobj=f), f)
         _add_text(tar, "pane.txt", pane, 0o644)
     os.replace(tmp, out)
 

@@ -102,7 +102,7 @@ def test_unpack_refuses_an_archive_that_escapes_its_folder(tmp_path):
     _tgz(run / "nodeB.tgz", {"../../evil": b"x"})
     out = subprocess.run([sys.executable, "-m", "ddplab", "report", str(run), "--unpack=nodeB"], cwd=REPO,
                          text=True, capture_output=True, timeout=120)
-    assert out.returncode == 1 and "cannot unpack" in out.stderr and "nodeB" in out.stderr
+    assert out.returncode == 1 and "nodeB's archive" in out.stderr and "'../../evil'" in out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "evil").exists()
 
 
