@@ -7,7 +7,9 @@ src is inside a git work tree, else every file minus the patterns of src/.gitign
 patterns: ``name``, ``dir/``, ``/anchored``, ``*.ext``, ``a/**/b``; ``!`` negation is not supported);
 ``include`` adds the files its globs match although git ignores them (ddplab_code_include,
 ddplab/code_include.py). Files that nodeprobe.hashing.EXCLUDE names (bytecode, .git, ...) are left out
-in every mode.
+in every mode. A file whose realpath is outside src (a symlink that leads out of the folder, e.g. a tracked
+``vocab.txt -> ../../.ssh/id_ed25519``) is refused with its path and target (``outside``): rsync's
+--copy-links would send what it points at; a link that stays inside src is sent as the file it names.
 
 Prints one JSON object: files [{src, dest}], lines ["<sha256>  <dest>/<rel>"] sorted by path, hash
 (the tree hash of those lines: what the node computes from its copy with the same module), trees
@@ -77,6 +79,42 @@ def list_tree(src, mode):
     return [f for f in hashing.tree_files(src) if not ignored(f, patterns)], ".gitignore patterns", None, None
 
 
+def planned_files(src: str, mode: str, include: list[str]) -> tuple[list[str], list[str], str, str | None,
+                                                                      bool | None]:
+    """(relative paths to send, those only ``include`` added, method, git_commit, git_dirty) of one tree."""
+    rels, method, commit, dirty = list_tree(src, mode)
+    extra = sorted(set(included_files(src, include)) - set(rels))
+    return sorted(r for r in set(rels) | set(extra) if not hashing.excluded(r)), extra, method, commit, dirty
+
+
+def outside(src: str, rels: list[str]) -> list[tuple[str, str]]:
+    """(path, the file it resolves to) of each of ``rels`` whose realpath is not inside src's realpath."""
+    root = os.path.realpath(src)
+    out = []
+    for rel in rels:
+        real = os.path.realpath(os.path.join(src, rel))
+        if not real.startswith(root + os.sep):
+            out.append((os.path.join(src, rel), real))
+    return out
+
+
+def outside_message(src: str, bad: list[tuple[str, str]]) -> tuple[str, str, str]:
+    """(found, allowed, fix) of a tree holding links out of it: the first one named, the others counted."""
+    path, real = bad[0]
+    more = f" (and {len(bad) - 1} more such file{'s' * (len(bad) > 2)})" if len(bad) > 1 else ""
+    return (f"{path} is a link to {real}, outside {src}{more}",
+            "only files inside the folder are sent (a link that stays inside is sent as the file it names)",
+            "replace the link with a copy of the file, or remove it (git rm) or ignore it; nothing was sent")
+
+
+def refuse_outside(setting: str, src: str, rels: list[str]) -> None:
+    """DdplabError naming the first of ``rels`` that resolves outside src (see ``outside``)."""
+    bad = outside(src, rels)
+    if bad:
+        found, allowed, fix = outside_message(src, bad)
+        raise DdplabError(f"{setting}: {found}; {allowed}; {fix}")
+
+
 def plan(trees: list[dict]) -> dict:
     lines, info, placed = [], [], {}
     for tree in trees:
@@ -84,9 +122,11 @@ def plan(trees: list[dict]) -> dict:
         if not os.path.isdir(src):
             raise DdplabError(f"code folder {src} does not exist on the control host; "
                               "set ddplab_code_dir to an existing folder")
-        rels, method, commit, dirty = list_tree(src, tree.get("mode", "all"))
-        extra = sorted(set(included_files(src, list(tree.get("include") or []))) - set(rels))
-        rels = sorted(r for r in set(rels) | set(extra) if not hashing.excluded(r))
+        rels, extra, method, commit, dirty = planned_files(src, tree.get("mode", "all"),
+                                                           list(tree.get("include") or []))
+        setting = "ddplab_sync_dirs" if dest == "" else \
+            "ddplab_code_dir" if tree.get("mode") == "gitignore" else f"code folder {dest}"
+        refuse_outside(setting, src, rels)
         if not rels:
             raise DdplabError(f"code folder {src} has no files to sync ({method}); "
                               "check ddplab_code_dir and its .gitignore")

@@ -16,7 +16,9 @@ The ssh options come in Ansible's own order (ansible.cfg ssh_args, then the inve
 ansible_ssh_common_args and ansible_ssh_extra_args; ssh takes the first value of each option), so host keys
 are checked as for every other task (accept-new by default). No become: files arrive as the SSH user.
 ``--ignore-times``: a listed file is always sent (our hash said it differs, even if its size and mtime
-agree); unchanged blocks of it are still not resent (rsync's delta transfer).
+agree); unchanged blocks of it are still not resent (rsync's delta transfer). ``--copy-links`` sends a link as
+the file it names, so a file that resolves outside its source folder is refused before anything is sent
+(``confine``; the planners, ddplab/code_tree.py, refuse it first and name the setting).
 
 FILE is rewritten (atomically, at most twice a second) as ``{"state": "running" | "done" | "failed",
 "done", "total", "files", "rate", "eta", "elapsed", "line"}``. Exit 0, or 2 with one ``ddplab: error:``
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 
+from ddplab import code_tree
 from ddplab.errors import DdplabError
 from ddplab.transfer_progress import Meter, rsync_bytes
 
@@ -68,6 +71,12 @@ def groups(files: list[dict]) -> dict[tuple[str, str], list[str]]:
         key = ("/".join(src[:-n]) or "/", "/".join(dest[:-n]))
         out.setdefault(key, []).append("/".join(src[-n:]))
     return out
+
+
+def confine(grouped: dict[tuple[str, str], list[str]]) -> None:
+    """DdplabError naming the first file whose realpath is outside its source folder (``groups``' key)."""
+    for (src_dir, _sub), rels in grouped.items():
+        code_tree.refuse_outside("sync", src_dir, rels)
 
 
 def ssh_command(conn: dict) -> list[str]:
@@ -137,10 +146,12 @@ def push(spec: dict, progress) -> dict:
     files = expand(spec)
     if shutil.which("rsync") is None:
         raise DdplabError("rsync is not installed on the control host; install it (apt-get install rsync)")
+    grouped = groups(files)
+    confine(grouped)
     total = sum(os.path.getsize(f["src"]) for f in files)
     meter, start, offset = Meter(total, len(files), [str(f["dest"]) for f in files]), time.monotonic(), 0
     on_state(meter.state(0.0))
-    for (src_dir, sub), rels in groups(files).items():
+    for (src_dir, sub), rels in grouped.items():
         dest_dir = f"{base}/{sub}" if sub else base
         with tempfile.NamedTemporaryFile("w", suffix=".files") as lst, tempfile.TemporaryFile("w+") as err:
             lst.write("".join(r + "\0" for r in rels))

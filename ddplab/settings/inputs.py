@@ -10,6 +10,8 @@ import os
 import re
 from pathlib import Path
 
+from ddplab import code_tree
+from ddplab.errors import DdplabError
 from ddplab.settings.problems import CONTROL, Problem
 from nodeprobe import hashing, log_metrics
 
@@ -92,7 +94,18 @@ def code(v: dict) -> list[Problem]:
     if req:
         out += _inside("ddplab_pip_requirements", root, req, "a file relative to ddplab_code_dir",
                        "fix the path (relative to ddplab_code_dir), or set it to \"\"")
-    return out
+    return out + _links_out("ddplab_code_dir", root, "gitignore", v["ddplab_code_include"])
+
+
+def _links_out(name: str, src: str, mode: str, include: list[str]) -> list[Problem]:
+    """A file the sync of src would send whose realpath is outside src (ddplab/code_tree.py refuses it too,
+    but this check runs before any node changes)."""
+    try:
+        rels = code_tree.planned_files(src, mode, include)[0]
+    except DdplabError:
+        return []  # a bad ddplab_code_include glob: the plan names it
+    bad = code_tree.outside(src, rels)
+    return [_p(name, *code_tree.outside_message(src, bad))] if bad else []
 
 
 def _inside(name: str, root: str, rel: str, allowed: str, fix: str) -> list[Problem]:
@@ -151,6 +164,8 @@ def sync_dirs(v: dict) -> list[Problem]:
             what = "is a file" if os.path.exists(path) else "does not exist"
             out.append(_p(name, f"{shown}: src {path} {what} on the control host", allowed,
                           "point src at the data folder on this host (prepare it first)"))
+        else:
+            out += _links_out(name, path, "all", [])
         parts = dest.replace("\\", "/").split("/")
         norm = os.path.normpath(dest) if dest else ""
         rel = not dest.startswith("/")

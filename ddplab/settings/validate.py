@@ -114,7 +114,7 @@ RUN_CHECKS = (
     (inputs.relations, ("ddplab_code_dir", "ddplab_entrypoint", "ddplab_data_dir",
                         "ddplab_pip_requirements", "ddplab_entrypoint_args")),
     (inputs.folders, ("ddplab_repo_dir", "ddplab_runs_dir")),
-    (inputs.code, ("ddplab_code_dir", "ddplab_entrypoint", "ddplab_pip_requirements")),
+    (inputs.code, ("ddplab_code_dir", "ddplab_entrypoint", "ddplab_pip_requirements", "ddplab_code_include")),
     (inputs.shards, ("ddplab_data_dir", "ddplab_entrypoint")),
     (inputs.sync_dirs, ("ddplab_sync_dirs",)),
     (inputs.log_pattern, ("ddplab_log_pattern", "ddplab_entrypoint")),

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -141,3 +142,40 @@ def test_preflight_names_the_node_whose_sync_dir_differs_and_passes_after_prepar
     assert sent(fixed, "data/big") == {"node1": sent(fixed, "data/big")["node1"]}
     again = preflight(setup)
     assert again.returncode == 0, tail(again)
+
+
+def test_a_link_out_of_the_code_or_a_sync_dir_is_refused_before_any_node_changes(setup, tmp_path):
+    """A hostile repository: a tracked `vocab.txt -> ../../.ssh/id_ed25519` leads to a fake control-host key
+    outside the checkout (rsync --copy-links would send the key itself), and a sync dir holds a link to it
+    too. validate names both before any node changes; a link that stays inside its folder is fine."""
+    cluster, home = setup["cluster"], tmp_path / "home"
+    key = home / ".ssh" / "id_ed25519"
+    key.parent.mkdir(parents=True)
+    key.write_text(f"FAKE-CONTROL-KEY-{os.urandom(8).hex()}\n")
+    repo = home / "src" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "train.py").write_text("print('hostile')\n")
+    (repo / "README").write_text("ok\n")
+    (repo / "README.link").symlink_to("README")  # stays inside: still sent
+    (repo / "vocab.txt").symlink_to("../../.ssh/id_ed25519")
+    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]
+    for args in (["init", "-q"], ["add", "."], commit):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, timeout=60)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tok.json").write_text("{}\n")
+    (data / "secret.bin").symlink_to(key)
+    sync = [{"src": str(data), "dest": "data/hostile"}]
+    proc = playbook("prepare.yml", "--tags", "code,sync", "-e",
+                    json.dumps({"ddplab_code_dir": str(repo), "ddplab_sync_dirs": sync}),
+                    inventory=cluster.inventory_dir, extra=setup["extra"], timeout=900)
+    secret = key.read_text().strip()
+    for h in HOSTS:  # the key's text is nowhere in the node's lab folder (the old code copied it twice)
+        found = cluster.exec(h, ["grep", "-rlF", secret, "/root/ddplab"], timeout=60).stdout.split()
+        assert found == [], (h, found)
+    assert proc.returncode != 0, tail(proc)
+    out = " ".join(proc.stdout.split())
+    assert (f"ddplab: error: ddplab_code_dir (all): {repo}/vocab.txt is a link to {key}, outside {repo}; "
+            "only files inside the folder are sent") in out, tail(proc)
+    assert f"ddplab_sync_dirs (all): {data}/secret.bin is a link to {key}, outside {data}" in out, tail(proc)
+    assert "replace the link with a copy of the file" in out and "Traceback" not in proc.stdout + proc.stderr

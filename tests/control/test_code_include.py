@@ -2,6 +2,7 @@
 
 import pytest
 
+from ddplab import code_tree
 from ddplab.code_include import included_files
 from ddplab.errors import DdplabError
 
@@ -33,10 +34,12 @@ def test_a_glob_matching_nothing_is_refused(tmp_path):
         included_files(str(make(tmp_path)), ["data/**/*.npy"])
 
 
-def test_a_symlink_out_of_the_folder_is_not_shipped(tmp_path):
+def test_a_symlink_out_of_the_folder_is_refused_by_the_plan_not_dropped(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "big.bin").write_bytes(b"y")
     src = make(tmp_path / "code")
     (src / "data" / "link.bin").symlink_to(outside / "big.bin")
-    assert "data/link.bin" not in included_files(str(src), ["data/**/*.bin"])
+    assert "data/link.bin" in included_files(str(src), ["data/**/*.bin"])
+    with pytest.raises(DdplabError, match=f"{src}/data/link.bin is a link to {outside}/big.bin, outside"):
+        code_tree.plan([{"src": str(src), "dest": "user", "mode": "all", "include": ["data/**/*.bin"]}])
