@@ -8,6 +8,9 @@ first node, GLOO_SOCKET_IFNAME = --iface or each node's interface toward the mas
 is roles/launch's `launch_trainer_argv`, rendered here by Ansible's templating exactly as for the tmux
 path. `bash FILE check-only` runs the two checks alone, without Slurm.
 
+The script carries ddplab_env's values (secrets, maybe): it is written 0600 from its first byte, and run
+as `sbatch FILE` or `bash FILE check-only`, neither of which needs it executable.
+
 The cluster's shared file system holds the code and data at --root (ROOT/code, ROOT/data, runs in
 ROOT/runs/<run>), the layout of a lab node's ddplab_root.
 """
@@ -38,6 +41,8 @@ RANK_PYTHON = REPO / "roles" / "launch" / "templates" / "rank_python.sh.j2"  # t
 # The first comment line of every exported script: a file without it is the user's and is never overwritten.
 MARKER = "Written by `python -m ddplab export sbatch`"
 TIME_LIMIT = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")  # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
+# The script holds ddplab_env: readable by its owner only (sbatch and bash read it; nothing executes it).
+SCRIPT_MODE = 0o600
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # as roles/ddplab/tasks/run_id.yml
 
 
@@ -185,8 +190,10 @@ def write(text: str, output: str) -> None:
                               "choose another file name or remove it yourself")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
-        tmp.chmod(0o755)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SCRIPT_MODE)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, SCRIPT_MODE)  # the umask only takes bits away; this says what the file is
+            f.write(text)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
@@ -197,6 +204,9 @@ def run(args) -> int:
     v, nodes = settings(args.inventory)
     text = render(job_data(args, v, nodes))
     write(text, args.output)
+    if args.output == "-" and v["ddplab_env"]:
+        print("ddplab: note: the script holds the values of ddplab_env; keep the file you save it in private "
+              "(chmod 600)", file=sys.stderr)
     if args.output != "-":
         print(f"ddplab: wrote {args.output}: {len(nodes)} nodes; check it with "
               f"`bash {args.output} check-only` on the cluster, submit it with `sbatch {args.output}`",

@@ -191,3 +191,33 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, shards
               "users-file": "was not written by ddplab export", "elastic": "ddplab_elastic (all)"}[case]
     assert expect in lines[0]
     assert (out.read_text() == "#!/bin/bash\n# mine\n") if case == "users-file" else not out.exists()
+
+
+def first_word(text: str) -> str:
+    """The first shell word of text, as bash reads it (the rest of the script is not parsed)."""
+    lex = shlex.shlex(text, posix=True)
+    lex.whitespace_split = True
+    return lex.get_token()
+
+
+def test_the_script_keeps_ddplab_env_secrets_0600(tmp_path, shards):
+    """ddplab_env's values (a multi-line key, quotes, `=`) are in the script, which is 0600 (it was 0755, and
+    a re-export replaces such a file with a 0600 one); bash and sbatch read it without the exec bit."""
+    secret = "-----BEGIN KEY-----\nabc='d=e'\n-----END KEY-----"
+    inv = inventory(tmp_path, shards, ddplab_env={"DEPLOY_KEY": secret, "LAB_NOTE": "it's a test"})
+    root, script = tmp_path / "cluster", tmp_path / "job.sbatch"
+    shutil.copytree(shards, root / "data")
+    args = ["export", "sbatch", "-i", str(inv), "-o", str(script), "--root", str(root), "--python",
+            sys.executable]
+    for _ in range(2):  # the second export replaces a script that an older ddplab wrote 0755
+        proc = ddplab(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert script.stat().st_mode & 0o777 == 0o600
+        script.chmod(0o755)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".job.sbatch")] == []
+    script.chmod(0o600)
+    assert check_only(script).returncode == 0
+    assert first_word(script.read_text().split("export DEPLOY_KEY=", 1)[1]) == secret
+    to_stdout = ddplab(*args[:-6], "-o", "-", *args[-4:])
+    assert to_stdout.returncode == 0 and first_word(to_stdout.stdout.split("DEPLOY_KEY=", 1)[1]) == secret
+    assert "ddplab: note: the script holds the values of ddplab_env; keep" in to_stdout.stderr
