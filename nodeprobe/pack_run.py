@@ -21,6 +21,8 @@ import glob
 import io
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -62,22 +64,30 @@ def capture_pane(socket: str, session: str) -> str:
     return p.stdout if p.returncode == 0 else f"(no tmux pane: {p.stderr.strip()})\n"
 
 
-# trainer.env (roles/launch/templates/trainer.env.j2): the lines after this comment hold ddplab_env, whose
+# trainer.env (roles/launch/templates/trainer.env.j2): everything after this comment is ddplab_env, whose
 # values may be secrets. The archive carries them as REDACTED; the node's own copy stays 0600.
 SECRETS_FROM = "# ddplab_env"
 REDACTED = "<redacted>"
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+UNREADABLE = "# (ddplab_env could not be read as shell words: every line of it is left out)"
 
 
 def redact_env(text: str) -> str:
-    """trainer.env with the value of every ddplab_env line replaced (keys kept: they say what was set)."""
-    out, secret = [], False
-    for line in text.splitlines():
-        if line.startswith(SECRETS_FROM):
-            secret = True
-        elif secret and "=" in line and not line.startswith("#"):
-            line = line.split("=", 1)[0] + "=" + REDACTED
-        out.append(line)
-    return "\n".join(out) + "\n"
+    """trainer.env with the value of every ddplab_env variable replaced, by key (keys kept: they say what
+    was set). The part after SECRETS_FROM is read as the shell reads it (shell words: a quoted value may span
+    lines and hold quotes, ``=`` or ``#``), and written back as one ``KEY=<redacted>`` line per variable."""
+    lines = text.splitlines(keepends=True)
+    at = next((i for i, line in enumerate(lines) if line.startswith(SECRETS_FROM)), len(lines))
+    head, marker, rest = "".join(lines[:at]), "".join(lines[at:at + 1]), "".join(lines[at + 1:])
+    if not marker:
+        return text
+    words = shlex.shlex(rest, posix=True)
+    words.whitespace_split = True
+    try:
+        keys = [m.group(0) for word in words if (m := ENV_KEY.match(word))]
+    except ValueError:  # an unclosed quote: no word boundary can be trusted
+        return head + marker + UNREADABLE + "\n"
+    return head + marker + "".join(f"{key}{REDACTED}\n" for key in keys)
 
 
 def _add_text(tar: tarfile.TarFile, name: str, text: str, mode: int) -> None:

@@ -9,6 +9,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from nodeprobe import pack_run
+
 REPO = Path(__file__).resolve().parents[2]
 ENV = ("# Environment of run r1 on node0 (rank 0).\nDDPLAB_RUN_ID=r1\nNODE_RANK=0\nGLOO_SOCKET_IFNAME=eth0\n"
        "# ddplab_env (its values may be secrets: collect_logs.yml packs this file with them redacted)\n"
@@ -36,3 +38,49 @@ def test_the_archive_is_private_and_redacts_the_users_environment(tmp_path):
     assert "WANDB_API_KEY=<redacted>" in env and "HF_TOKEN=<redacted>" in env
     assert "DDPLAB_RUN_ID=r1" in env and "GLOO_SOCKET_IFNAME=eth0" in env  # ddplab's own lines stay
     assert (run / "trainer.env").read_text() == ENV  # the node's copy is untouched
+
+
+SECRETS = {"PEM": "-----BEGIN KEY-----\nAAAA=\nsecret-line-2\n-----END KEY-----",
+           "QUOTED": "it's \"quoted\" and ends in '", "EQUALS": "a=b=c", "HASH": "x # not a comment",
+           "NEWLINE_EQ": "first\nLEAK=second", "PLAIN": "plainsecret"}
+
+
+def rendered_env(env: dict) -> str:
+    """trainer.env.j2 rendered by Ansible's templar (in a child process: importing ansible here breaks a later
+    torch import, see tests/slurm/test_export_sbatch.py) for ddplab_env = env."""
+    code = ("import json, sys\nfrom ansible.parsing.dataloader import DataLoader\n"
+            "from ansible.template import Templar, trust_as_template\n"
+            "t = Templar(loader=DataLoader(), variables=json.loads(sys.argv[2]))\n"
+            "sys.stdout.write(t.template(trust_as_template(open(sys.argv[1]).read())))\n")
+    variables = {"ansible_managed": "", "ddplab_run": "r1", "inventory_hostname": "node0",
+                 "ddplab_node_rank": 0, "ddplab_lab": {"root": "/l", "data": "/l/d", "pythonpath": "/l/c"},
+                 "ddplab_run_dir": "/r", "ddplab_node_addr": "10.0.0.1", "ddplab_data_dir": "",
+                 "ddplab_pg_timeout": 45, "ddplab_master_addr": "10.0.0.1", "ddplab_master_port": 29500,
+                 "ddplab_run_hosts": ["node0"], "ddplab_nproc_per_node": 1, "ddplab_elastic": False,
+                 "launch_rank_threads": 2, "gloo_network_env": {"GLOO_SOCKET_IFNAME": "eth0"},
+                 "ddplab_env": env}
+    template = REPO / "roles" / "launch" / "templates" / "trainer.env.j2"
+    return subprocess.run([sys.executable, "-c", code, str(template), json.dumps(variables)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def test_redaction_is_by_key_for_multi_line_quoted_and_equals_values(tmp_path):
+    """Each value reaches the rank whole (bash sources the file) and none of it reaches the archive."""
+    text = rendered_env(SECRETS)
+    env_file = tmp_path / "trainer.env"
+    env_file.write_text(text)
+    show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {[*SECRETS, 'LEAK']}}}))"
+    sourced = subprocess.run(["bash", "-c", f"set -a; . {env_file}; python3 -c \"$0\"", show], text=True,
+                             capture_output=True, timeout=30, check=True, env={"PATH": "/usr/bin:/bin"})
+    assert json.loads(sourced.stdout) == {**SECRETS, "LEAK": None}
+    redacted = pack_run.redact_env(text)
+    for value in SECRETS.values():
+        for part in value.split("\n") + ["LEAK"]:
+            assert part not in redacted, (part, redacted)
+    assert redacted.split(pack_run.SECRETS_FROM)[1].splitlines()[1:] == [f"{k}=<redacted>"
+                                                                         for k in sorted(SECRETS)]
+    assert "GLOO_SOCKET_IFNAME=eth0" in redacted and "MASTER_PORT=29500" in redacted  # ddplab's own stay
+    broken = text.replace("PLAIN=plainsecret", "PLAIN='plainsecret")
+    assert pack_run.redact_env(broken).endswith(pack_run.UNREADABLE + "\n")
+    assert "plainsecret" not in pack_run.redact_env(broken)
+    assert "secret-line-2" not in pack_run.redact_env(broken)
