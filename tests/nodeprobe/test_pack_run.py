@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 from nodeprobe import pack_run
+from tests.helpers.launch_render import render_launch
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = ("# Environment of run r1 on node0 (rank 0).\nDDPLAB_RUN_ID=r1\nNODE_RANK=0\nGLOO_SOCKET_IFNAME=eth0\n"
@@ -46,22 +47,18 @@ SECRETS = {"PEM": "-----BEGIN KEY-----\nAAAA=\nsecret-line-2\n-----END KEY-----"
 
 
 def rendered_env(env: dict) -> str:
-    """trainer.env.j2 rendered by Ansible's templar (in a child process: importing ansible here breaks a later
-    torch import, see tests/slurm/test_export_sbatch.py) for ddplab_env = env."""
-    code = ("import json, sys\nfrom ansible.parsing.dataloader import DataLoader\n"
-            "from ansible.template import Templar, trust_as_template\n"
-            "t = Templar(loader=DataLoader(), variables=json.loads(sys.argv[2]))\n"
-            "sys.stdout.write(t.template(trust_as_template(open(sys.argv[1]).read())))\n")
-    variables = {"ansible_managed": "", "ddplab_run": "r1", "inventory_hostname": "node0",
-                 "ddplab_node_rank": 0, "ddplab_lab": {"root": "/l", "data": "/l/d", "pythonpath": "/l/c"},
-                 "ddplab_run_dir": "/r", "ddplab_node_addr": "10.0.0.1", "ddplab_data_dir": "",
-                 "ddplab_pg_timeout": 45, "ddplab_master_addr": "10.0.0.1", "ddplab_master_port": 29500,
-                 "ddplab_run_hosts": ["node0"], "ddplab_nproc_per_node": 1, "ddplab_elastic": False,
-                 "launch_rank_threads": 2, "gloo_network_env": {"GLOO_SOCKET_IFNAME": "eth0"},
-                 "ddplab_env": env}
-    template = REPO / "roles" / "launch" / "templates" / "trainer.env.j2"
-    return subprocess.run([sys.executable, "-c", code, str(template), json.dumps(variables)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60, check=True).stdout
+    """roles/launch/templates/trainer.env.j2 for one node with ddplab_env = env
+    (tests/helpers/launch_render.py: the role's defaults and vars, the facts a play sets)."""
+    lab = {"root": "/l", "code": "/l/code", "pythonpath": "/l/code", "data": "/l/data", "runs": "/l/runs",
+           "socket": "/l/tmux.sock", "python_file": "/l/python", "compile_cache": "/l/compile-cache"}
+    facts = {"ddplab_lab": lab, "ddplab_run": "r1", "ddplab_run_dir": "/l/runs/r1",
+             "ddplab_rank_cwd": "/l/code", "ddplab_master_addr": "10.0.0.1", "ddplab_master_port": 29500,
+             "ddplab_node_rank": 0, "ddplab_world_size": 1, "ddplab_run_hosts": ["node0"],
+             "ddplab_node_addr": "10.0.0.1", "ddplab_nproc_per_node": 1, "ddplab_byo": True,
+             "ddplab_code_dir": "/src", "ddplab_entrypoint": "train.py",
+             "gloo_network_env": {"GLOO_SOCKET_IFNAME": "eth0"}, "ddplab_env": env,
+             "launch_rank_python": "python3", "launch_rank_threads": 1, "launch_resume_run": False}
+    return render_launch(facts)["trainer.env"]
 
 
 def test_redaction_is_by_key_for_multi_line_quoted_and_equals_values(tmp_path):
