@@ -3,7 +3,9 @@
 At the start every rank checks its own input (data, dtype, output folder) and all ranks see all the
 results before anything is written; a rank whose data differs is named (exit 3). During the run the
 ranks compare a checksum of their parameters; DDP keeps them byte-identical, so a difference means the
-ranks no longer train one model (exit 3).
+ranks no longer train one model (exit 3). With --shard each rank holds other parameters (its shards): the
+checksum is over the all-gathered whole, so the ranks agree on what they jointly hold, and it equals the
+checksum of the same model unsharded (a checkpoint loaded on one process).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_dcp
 from trainer import dist as D
 from trainer.config import TrainConfig, UsageError
 from trainer.data import heldout
@@ -26,10 +30,17 @@ from trainer.local_sgd import crossed
 
 
 def param_sha256(model: torch.nn.Module) -> str:
+    """sha256 over every parameter's name and bytes. A sharded parameter (--shard: a DTensor) is all-gathered
+    first, one at a time, so every rank hashes the whole model and the checksum is the one the unsharded
+    model would have (every rank must call it then)."""
+    for unit in model.modules():  # FSDP2 swaps gathered plain tensors in for the DTensors until it reshards
+        if isinstance(unit, FSDPModule):  # (the root after forward); numpy() would pin their storage
+            unit.reshard()
     h = hashlib.sha256()
     for name, p in model.named_parameters():
+        full = p.detach().full_tensor() if isinstance(p, DTensor) else p.detach()
         h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(full.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -92,7 +103,8 @@ def setup_checks(cfg: TrainConfig, di: D.DistInfo) -> tuple[dict, Dataset | None
         out = Path(cfg.out)
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out} exists and is not a folder; choose another path")
-        if di.rank == 0 and not (cfg.resume or cfg.elastic) and checkpoint.list_checkpoints(out):
+        if di.rank == 0 and not (cfg.resume or cfg.elastic) and (checkpoint.list_checkpoints(out) or
+                                                                  checkpoint_dcp.list_checkpoints(out)):
             raise UsageError(f"--out {out} already holds checkpoints of an earlier run; add --resume to "
                              f"continue it, or choose a new --out")
     except UsageError as e:

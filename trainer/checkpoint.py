@@ -123,7 +123,10 @@ def load_for_resume(cfg: TrainConfig, data_digest: str, world_size: int):
         state, path, warnings = load_latest(cfg.out)
         for w in warnings:
             print(f"ddplab: warning: {w}", file=sys.stderr, flush=True)
-        if state is None:
+        if state is None and any(ckpt_dir(cfg.out).glob("step_*.dcp")):
+            payload = {"error": f"{ckpt_dir(cfg.out)} holds sharded checkpoints (step_N.dcp, written with "
+                                f"--shard); add --shard to resume them"}
+        elif state is None:
             payload = {"none": True}
         else:
             problem = resume_problem(state, path, cfg, data_digest, world_size)

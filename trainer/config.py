@@ -90,6 +90,9 @@ class TrainConfig:
     sync_schedule: str = "constant"
     # --- elastic runs (trainer/elastic.py) ---------------------------------------------------------------
     elastic: bool = False
+    # --- sharded training (trainer/shard.py) ---------------------------------------------------------------
+    shard: bool = False
+    reshard_after_forward: bool = True
     # filled in by __post_init__ when left at 0 (derived from depth)
     _derived: list = field(default_factory=list, repr=False)
 
@@ -199,6 +202,11 @@ class TrainConfig:
                  f"one all-reduced gradient, local SGD has none; use one of the two")
         if self.elastic:
             self._check_elastic(need)
+        if self.shard:
+            self._check_shard(need)
+        need(self.shard or self.reshard_after_forward,
+             "--no-reshard-after-forward sets how --shard keeps its gathered parameters; add --shard or drop "
+             "--no-reshard-after-forward")
         need(self.pg_timeout_s >= 5, f"--pg-timeout-s must be at least 5 seconds, got {self.pg_timeout_s}")
         # "" = generated on rank 0; else a run id as the launcher's (trainer/launch_contract.py)
         need(re.fullmatch(r"[A-Za-z0-9._-]*", self.run_id) is not None,
@@ -211,6 +219,18 @@ class TrainConfig:
              "shares are measured per node; use one of the two")
         need(self.sync_every == 1, f"--elastic with --sync-every {self.sync_every}: local SGD keeps per-rank "
              f"optimizer state that cannot move to another world size; use --sync-every 1")
+
+    def _check_shard(self, need) -> None:
+        # FSDP2 reduce-scatters every gradient itself: DDP's comm hooks, per-rank shares of one all-reduced
+        # gradient, local SGD's per-rank parameters and the elastic re-formation have nothing to act on
+        clash = [flag for flag, on in (("--balance", self.balance),
+                                       (f"--sync-every {self.sync_every}", self.sync_every > 1),
+                                       ("--elastic", self.elastic),
+                                       (f"--comm {self.comm}", self.comm != "fp32"),
+                                       ("--compile", self.compile)) if on]
+        need(not clash, f"--shard with {', '.join(clash)}: sharded training (FSDP2) all-gathers parameters "
+             f"and reduce-scatters fp32 gradients every step and cannot combine with "
+             f"{'it' if len(clash) == 1 else 'them'}; drop {' '.join(clash)} or --shard")
 
     def resolve(self, world_size: int) -> None:
         """Settings that depend on the world size: --global-batch-tokens sets --grad-accum (again at every
@@ -328,4 +348,11 @@ FIELD_HELP = {
     "elastic": "run under torchrun's elastic agent: every node keeps a copy of the checkpoints in its own "
                "--out, each (re)start resumes from the newest copy any node holds, the data position is "
                "one shared stream valid at any world size; OUT/membership.jsonl logs each group",
+    "shard": "sharded training (FSDP2): each rank holds 1/N of the parameters, gradients and AdamW moments "
+             "(per transformer block and the root), all-gathers a block's parameters to use them and "
+             "reduce-scatters its gradients; checkpoints in torch.distributed.checkpoint format that "
+             "resume on any number of ranks",
+    "reshard_after_forward": "--shard: free a block's gathered parameters after its forward and gather them "
+                             "again for backward (--no-reshard-after-forward: keep them, one all-gather "
+                             "less per step, more memory)",
 }

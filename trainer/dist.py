@@ -151,6 +151,33 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+def broadcast_bytes(data: bytes | None, src: int = 0) -> bytes:
+    """`data` of rank `src` on every rank (a file's bytes: a checkpoint a node lacks)."""
+    if not _INFO.is_distributed:
+        return data
+    n = torch.tensor([len(data) if _INFO.rank == src else 0], dtype=torch.int64)
+    dist.broadcast(n, src=src)
+    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if _INFO.rank == src
+           else torch.empty(int(n.item()), dtype=torch.uint8))
+    dist.broadcast(buf, src=src)
+    return data if _INFO.rank == src else buf.numpy().tobytes()
+
+
+def send_bytes_to(data: bytes | None, src: int, dst: int = 0) -> bytes | None:
+    """`data` of rank `src` on rank `dst` (None on the others, which do not take part)."""
+    if src == dst or _INFO.rank not in (src, dst):
+        return data if _INFO.rank == dst else None
+    if _INFO.rank == src:
+        dist.send(torch.tensor([len(data)], dtype=torch.int64), dst=dst)
+        dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst=dst)
+        return None
+    n = torch.empty(1, dtype=torch.int64)
+    dist.recv(n, src=src)
+    buf = torch.empty(int(n.item()), dtype=torch.uint8)
+    dist.recv(buf, src=src)
+    return buf.numpy().tobytes()
+
+
 def broadcast_state(state, src: int = 0):
     """Broadcast a nested structure holding tensors: structure as an object, tensors with dist.broadcast.
 

@@ -118,19 +118,6 @@ def progress(out: str | Path, since: float) -> int:
 
 # ---- the agreement ----------------------------------------------------------------------------------
 
-def _broadcast_bytes(data: bytes | None, src: int) -> bytes:
-    if not D.info().is_distributed:
-        return data
-    import torch.distributed as dist
-
-    n = torch.tensor([len(data) if D.info().rank == src else 0], dtype=torch.int64)
-    dist.broadcast(n, src=src)
-    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if D.info().rank == src
-           else torch.empty(int(n.item()), dtype=torch.uint8))
-    dist.broadcast(buf, src=src)
-    return data if D.info().rank == src else buf.numpy().tobytes()
-
-
 def agree_and_load(cfg: TrainConfig, data_digest: str, is_node_writer: bool):
     """Every rank: agree on the newest checkpoint any survivor holds; returns (state or None, info).
 
@@ -145,7 +132,7 @@ def agree_and_load(cfg: TrainConfig, data_digest: str, is_node_writer: bool):
     step, src = choose_source([e["step"] for e in everyone])
     state = None
     if step is not None:
-        data = _broadcast_bytes(mine_path.read_bytes() if D.info().rank == src else None, src)
+        data = D.broadcast_bytes(mine_path.read_bytes() if D.info().rank == src else None, src)
         if is_node_writer and (mine_step is None or mine_step < step):
             checkpoint.save_bytes(out, step, data, keep=cfg.ckpt_keep)  # this node now holds a copy
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

@@ -21,9 +21,12 @@ from trainer.local_sgd import crossed
 
 
 class Evaluator:
-    def __init__(self, data: ValBatches | None, every: int, rank: int, world: int):
+    def __init__(self, data: ValBatches | None, every: int, rank: int, world: int, lockstep: bool = False):
         self.data, self.every = data, every
         self.mine = self.data.mine(rank, world) if self.data else []
+        # --shard: every forward all-gathers with every rank, so all ranks run as many forwards (a rank with
+        # fewer batches of its own repeats one and does not count it)
+        self.forwards = -(-len(self.data.batches) // world) if self.data and lockstep else len(self.mine)
         self.curve: list[list[float]] = []
 
     @property
@@ -41,12 +44,13 @@ class Evaluator:
         was_training = model.training
         model.eval()
         acc = torch.zeros(2, dtype=torch.float64)  # loss sum, token count
-        for k in self.mine:
-            x, y = self.data.batch(k)
+        for i in range(self.forwards):
+            x, y = self.data.batch(self.mine[i] if i < len(self.mine) else 0)
             with autocast_context(device, dtype):
                 loss = model(x.to(device), y.to(device))
-            acc[0] += loss.item() * y.numel()
-            acc[1] += y.numel()
+            if i < len(self.mine):
+                acc[0] += loss.item() * y.numel()
+                acc[1] += y.numel()
         model.train(was_training)
         D.all_reduce_sum(acc)  # every rank, also one without batches of its own
         val = float(acc[0] / acc[1])

@@ -7,8 +7,9 @@ Exit codes: 0 done, 2 bad input (one `ddplab: error:` line), 3 ranks disagree (d
 
 `run()` is the loop; each mode's part lives with its concern: the sync point and the sync of
 --sync-every H > 1 in local_sgd.py, the shares and micro-batches of --balance in balance.py, the
-re-formation of --elastic in elastic.py, when and what to checkpoint (and restore) in checkpoint.py,
-when to compare parameters in agreement.py, when to evaluate in evaluate.py.
+re-formation of --elastic in elastic.py, the sharding of --shard in shard.py, when and what to checkpoint
+(and restore) in checkpoint.py (checkpoint_dcp.py with --shard), when to compare parameters in agreement.py,
+when to evaluate in evaluate.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint, elastic
+from trainer import checkpoint, checkpoint_dcp, elastic, shard
 from trainer import dist as D
 from trainer.agreement import agree, check_is_due, check_params_agree, params_already_agree, setup_checks
 from trainer.balance import ShareController, micro_batches
@@ -69,13 +70,14 @@ class Start:
 class Parts:
     """What the run trains with, built the same way on every rank."""
     gcfg: GPTConfig
-    raw: GPT  # the bare model (DDP wraps it later; checkpoints and checksums use this one)
+    raw: GPT  # the bare model (DDP wraps it later; checkpoints and checksums use this one; --shard shards it)
     opt: torch.optim.Optimizer
     loader: ShardLoader | SharedStreamLoader
     shares: ShareController  # each rank's sequences per step (--balance moves them)
     lsgd: LocalSGD | None  # --sync-every H > 1: the outer loop of local SGD / DiLoCo
     evaluator: Evaluator
     tokens_per_step: int  # global
+    shard_timer: shard.ShardTimer | None = None  # --shard: FSDP2's all-gathers and reduce-scatters
 
 
 @dataclass
@@ -151,6 +153,9 @@ def agree_on_start(cfg: TrainConfig) -> Start:
     device = torch.device("cuda", di.local_rank) if cfg.device == "cuda" else torch.device("cpu")
     threads = setup_threads(cfg.threads, di.local_world_size)
     cfg.resolve(di.world_size)  # --global-batch-tokens -> --grad-accum for this world size
+    if cfg.shard and di.world_size < 2:
+        raise UsageError("--shard splits the model over the ranks of a distributed run; start it under "
+                         "torchrun with 2 or more ranks, or drop --shard")
     mine, ds, val = setup_checks(cfg, di)
     mine["peak_flops"] = measure_peak_flops()  # this rank's fp32 GEMM FLOP/s, at its thread count: for MFU
     statuses = D.all_gather_object(mine)
@@ -173,10 +178,14 @@ def build(cfg: TrainConfig, start: Start) -> Parts:
     raw = GPT(gcfg).to(start.device)
     n_params = sum(p.numel() for p in raw.parameters())
     assert n_params == param_count(gcfg), "param_count() is out of date with the model"
+    shard_timer = shard.ShardTimer() if cfg.shard else None
+    if cfg.shard:  # before the optimizer: it holds the shards (DTensors), not the full parameters
+        shard.shard_model(raw, cfg.reshard_after_forward, shard_timer)
     opt = make_adamw([p for p in raw.parameters() if p.dim() >= 2], cfg.lr, cfg.weight_decay)
     shares = ShareController(cfg.batch_size * cfg.grad_accum * di.world_size, di.world_size,
                              cfg.balance_every, cfg.balance_damping)
-    if cfg.elastic:  # one global position, valid at any world size
+    if cfg.elastic or cfg.shard:  # one global position, valid at any world size (a sharded resume may have
+        # another number of ranks)
         loader = elastic.UniformStream(ds, di.rank, di.world_size, cfg.batch_size, cfg.seq_len)
     elif cfg.balance:
         loader = SharedStreamLoader(ds, di.rank, cfg.seq_len)
@@ -187,8 +196,9 @@ def build(cfg: TrainConfig, start: Start) -> Parts:
                      fragments=cfg.sync_fragments, schedule=cfg.sync_schedule,
                      lr_ratio=lambda step: lr_ratio_at(cfg, step))
             if cfg.sync_every > 1 else None)  # low-communication mode: H local steps, then one sync
-    evaluator = Evaluator(start.val, cfg.eval_every_tokens, di.rank, di.world_size)
-    return Parts(gcfg, raw, opt, loader, shares, lsgd, evaluator, cfg.tokens_per_rank_step * di.world_size)
+    evaluator = Evaluator(start.val, cfg.eval_every_tokens, di.rank, di.world_size, lockstep=cfg.shard)
+    return Parts(gcfg, raw, opt, loader, shares, lsgd, evaluator, cfg.tokens_per_rank_step * di.world_size,
+                 shard_timer)
 
 
 def resume(cfg: TrainConfig, start: Start, parts: Parts, writer: bool) -> tuple[dict | None, dict | None]:
@@ -197,10 +207,14 @@ def resume(cfg: TrainConfig, start: Start, parts: Parts, writer: bool) -> tuple[
     membership = None
     if cfg.elastic:  # the newest checkpoint any node holds, whatever the world size that wrote it
         resumed, membership = elastic.agree_and_load(cfg, start.ds.digest, writer)
+    elif cfg.shard:  # rank 0's sharded checkpoint, resharded for this world size
+        resumed = checkpoint_dcp.load_for_resume(cfg, start.ds.digest) if cfg.resume else None
     else:
         resumed = (checkpoint.load_for_resume(cfg, start.ds.digest, start.di.world_size) if cfg.resume
                    else None)
-    if resumed is not None:
+    if resumed is not None and cfg.shard:
+        checkpoint_dcp.restore(resumed, parts)
+    elif resumed is not None:
         checkpoint.restore(resumed, cfg, parts, start.di.rank)
         if cfg.elastic:  # one run id across groups
             start.run_id = resumed.get("run_id", start.run_id)
@@ -221,8 +235,10 @@ def announce(cfg: TrainConfig, start: Start, parts: Parts, resumed: dict | None)
     """Rank 0's banner: the model, the hardware, the mode, the batch, validation, the resumed step."""
     world, val = start.di.world_size, start.val
     n_params = param_count(parts.gcfg)
-    mem = estimate_train_memory(parts.gcfg, cfg.batch_size, world)
+    mem = estimate_train_memory(parts.gcfg, cfg.batch_size, world, shard=cfg.shard)
     D.print0(banner(cfg, start.dtype, start.why, start.threads, n_params, world, mem))
+    if cfg.shard:
+        D.print0(shard.describe(cfg.reshard_after_forward, world, shard.local_numel(parts.raw), n_params))
     if parts.lsgd:
         D.print0(parts.lsgd.describe())
     if cfg.global_batch_tokens:
@@ -237,7 +253,10 @@ def announce(cfg: TrainConfig, start: Start, parts: Parts, resumed: dict | None)
 
 
 def wrap_for_ddp(cfg: TrainConfig, start: Start, parts: Parts, resumed: dict | None):
-    """The model DDP trains (compiled if asked), its gradient communication and the timer of it."""
+    """The model DDP trains (compiled if asked), its gradient communication and the timer of it. With
+    --shard: the sharded model itself, its communication timed by FSDP2's hooks (GradComm stays idle)."""
+    if cfg.shard:
+        return parts.raw, GradComm(cfg, start.di.world_size, CommTimer()), parts.shard_timer
     model = torch.compile(parts.raw) if cfg.compile else parts.raw
     model = D.wrap_for_ddp(model, cfg.bucket_cap_mb, init_sync=not params_already_agree(parts.raw))
     timer = CommTimer()
@@ -289,6 +308,8 @@ def train_step(cfg: TrainConfig, start: Start, parts: Parts, model, comm: GradCo
            "mfu": mfu(flops_per_token(parts.gcfg), tokens / dt, start.peaks)}
     if parts.lsgd:
         rec |= LocalSGD.step_fields(c, started)
+    if cfg.shard:
+        rec |= {k: c[k] for k in shard.STEP_KEYS}
     if want_mean:
         rec["loss_mean"] = float(mean_buf[0] / mean_buf[1])
     if not math.isfinite(loss_sum):
@@ -336,9 +357,12 @@ def after_sync(cfg: TrainConfig, start: Start, parts: Parts, prog: Progress, don
     if check_is_due(cfg, prog.last_sync, done):
         prog.final_sha = check_params_agree(parts.raw, done, start.hosts)
     if checkpoint.is_due(cfg, prog.last_sync, done):
-        checkpoint.save_run(cfg, parts, done, {
-            "run_id": start.run_id, "world_size": start.di.world_size, "data_digest": start.ds.digest,
-            "loss_first": prog.loss_first, "tokens_seen": prog.tokens_seen}, node_writer)
+        facts = {"run_id": start.run_id, "world_size": start.di.world_size, "data_digest": start.ds.digest,
+                 "loss_first": prog.loss_first, "tokens_seen": prog.tokens_seen}
+        if cfg.shard:
+            checkpoint_dcp.save_run(cfg, parts, done, facts)
+        else:
+            checkpoint.save_run(cfg, parts, done, facts, node_writer)
     prog.last_sync, prog.tokens_at_sync = done, prog.tokens_seen
 
 
@@ -353,6 +377,8 @@ def write_summaries(cfg: TrainConfig, start: Start, parts: Parts, comm: GradComm
                         data_position=parts.loader.state_dict())
     if parts.lsgd:  # a sync every H steps: the volume per step is the mean, not the last step's
         mine["allreduce_bytes_per_step"] = parts.lsgd.summary(records)["comm_bytes_per_step"]
+    if cfg.shard:
+        mine["shard"] = shard.rank_facts(parts.raw, records, max(cfg.timing_warmup_steps, comm.timing_skip))
     write_json(Path(cfg.out) / f"summary.rank{di.rank}.json", mine)
     per_rank = D.all_gather_object(mine)
     if not node_writer:
@@ -364,7 +390,9 @@ def write_summaries(cfg: TrainConfig, start: Start, parts: Parts, comm: GradComm
              "data_digest": start.ds.digest, **comm.summary(), "bucket_cap_mb": cfg.bucket_cap_mb,
              "flops_per_token": flops_per_token(gcfg), "peak_flops_per_rank": start.peaks,
              "mfu": mfu(flops_per_token(gcfg), per_rank[0].get("tokens_per_sec"), start.peaks),
-             "est_memory_bytes_per_rank": estimate_train_memory(gcfg, cfg.batch_size, di.world_size),
+             "est_memory_bytes_per_rank": estimate_train_memory(gcfg, cfg.batch_size, di.world_size,
+                                                                shard=cfg.shard),
+             "shard": shard.run_facts(cfg, [r["shard"] for r in per_rank]) if cfg.shard else None,
              "balance": parts.shares.state_dict() if cfg.balance else None,
              # the mode: H = 1 all-reduces gradients every step; H > 1 is local SGD / DiLoCo
              "sync_every": cfg.sync_every, "local_sgd": parts.lsgd.summary(records) if parts.lsgd else None,
