@@ -185,6 +185,8 @@ class TrainConfig:
         need(not self.sync_overlap or self.sync_every > 1,
              "--sync-overlap hides the sync of the low-communication mode behind the next steps; add "
              "--sync-every H (H > 1) and --allow-local-sgd, or drop --sync-overlap")
+        if self.shard:
+            self._check_shard(need)
         if self.sync_every > 1:
             need(self.allow_local_sgd,
                  f"--sync-every {self.sync_every} changes the optimization (local SGD: each rank takes "
@@ -202,8 +204,6 @@ class TrainConfig:
                  f"one all-reduced gradient, local SGD has none; use one of the two")
         if self.elastic:
             self._check_elastic(need)
-        if self.shard:
-            self._check_shard(need)
         need(self.shard or self.reshard_after_forward,
              "--no-reshard-after-forward sets how --shard keeps its gathered parameters; add --shard or drop "
              "--no-reshard-after-forward")

@@ -149,3 +149,18 @@ def test_launch_flags_name_the_settings_and_the_trainer_accepts_them():
                                                                     0.01)
     assert FLAG_SETTING["--pg-timeout-s"] == "ddplab_pg_timeout"
     assert FLAG_SETTING["--threads"] == "ddplab_threads"
+
+
+@pytest.mark.parametrize("argv, flags", [
+    (["--balance"], "--balance"),
+    (["--sync-every", "4", "--allow-local-sgd"], "--sync-every 4"),
+    (["--elastic"], "--elastic"),
+    (["--comm", "bf16"], "--comm bf16"),
+    (["--balance", "--elastic"], "--balance, --elastic"),
+])
+def test_shard_refuses_what_it_cannot_combine_with_in_one_line_naming_the_flags(argv, flags):
+    line = check_args(["--data", "d", "--out", "o", "--shard", *argv])
+    assert f"--shard with {flags}: sharded training (FSDP2)" in line and "\n" not in line
+    assert line.endswith("or --shard")
+    assert check_args(["--data", "d", "--out", "o", "--shard"]) is None
+    assert "add --shard" in check_args(["--data", "d", "--out", "o", "--no-reshard-after-forward"])
