@@ -14,7 +14,7 @@ from trainer.cli import command_line, flag_of
 # launch role per run, from ddplab_resume and the run's checkpoints) goes between the two groups
 VALUE_FIELD = {"ddplab_trainer_steps": "steps", "ddplab_trainer_depth": "depth",
                "ddplab_pg_timeout": "pg_timeout_s"}
-SWITCH_FIELD = {"ddplab_balance": "balance", "ddplab_elastic": "elastic"}
+SWITCH_FIELD = {"ddplab_balance": "balance", "ddplab_elastic": "elastic", "ddplab_shard": "shard"}
 SETTING_FIELD = {**VALUE_FIELD, **SWITCH_FIELD}
 EXTRA_ARGS = "ddplab_trainer_extra_args"  # appended as given: the user's own trainer flags
 # the setting behind each flag ddplab passes (to name it when the trainer refuses a value)

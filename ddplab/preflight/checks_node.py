@@ -3,7 +3,9 @@ dtype, threads, memory, disk."""
 
 from __future__ import annotations
 
+from ddplab.preflight import memory_fit
 from ddplab.preflight.judge import OK, Judge, gib
+from ddplab.trainer_flags import switch
 from nodeprobe import hashing
 
 # A venv with the pinned torch, numpy and pyarrow (shared/notes/simulated-hosts.md: about 945 MB measured).
@@ -102,10 +104,18 @@ def memory(j: Judge, h: str) -> None:
     if not fp:
         return
     m = fp["memory"]
-    need = m.get("estimate_bytes") or 0
     n = len(j.sharing(h))
-    total = need * n
     avail = m.get("available_bytes")
+    if avail is not None and memory_fit.sizes_known(m.get("sizes")):  # ddplab's trainer: DDP or sharded
+        fit = memory_fit.judge(m["sizes"], avail // n, h, switch(j.inv.get("shard", False)), gib)
+        shared = f" (1/{n} of it: {n} ranks share this machine)" if n > 1 else ""
+        if fit.ok:
+            j.set(h, "memory", OK, fit.detail + shared)
+        else:
+            j.fail(h, "memory", fit.detail + shared, fit.fix)
+        return
+    need = m.get("estimate_bytes") or 0
+    total = need * n
     what = f"~{gib(total)} estimated ({m.get('estimate_method')}{f', x{n} ranks' if n > 1 else ''})"
     if avail is None:
         j.set(h, "memory", OK, f"{what}; available memory unknown")

@@ -112,6 +112,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_balance", "bool", False,
             "Built-in trainer: --balance, each rank's share of the global batch follows its measured speed "
             "(nodes of unequal speed finish each step together; the update equals the uniform one)."),
+    Setting("ddplab_shard", "bool", False,
+            "Built-in trainer: --shard, each node holds 1/N of the parameters, gradients and optimizer state "
+            "(FSDP2), so the lab trains a model no single node holds; preflight advises it when DDP does "
+            "not fit a node's memory. About 1.5x DDP's bytes per step; no balance, elastic or local SGD."),
     Setting("ddplab_threads", "int", 0,
             "Torch threads per rank (OMP/MKL_NUM_THREADS); 0 = the node's CPUs / the ranks that share them "
             "(hosts on one machine, such as simulated hosts, share its CPUs).",

@@ -122,7 +122,7 @@ RUN_CHECKS = (
     (external.trainer_args, ("ddplab_entrypoint", "ddplab_data_dir", "ddplab_run_id", "ddplab_trainer_steps",
                              "ddplab_trainer_depth", "ddplab_pg_timeout", "ddplab_resume",
                              "ddplab_trainer_extra_args", "ddplab_threads", "ddplab_balance",
-                             "ddplab_elastic")),
+                             "ddplab_elastic", "ddplab_shard")),
 )
 
 

@@ -221,7 +221,7 @@ def test_launch_args_rendered_by_ansible_are_the_argv_the_check_validates(balanc
             "ddplab_run": "run-check", "ddplab_trainer_steps": values["ddplab_trainer_steps"],
             "ddplab_trainer_depth": values["ddplab_trainer_depth"], "ddplab_entrypoint_args": [],
             "ddplab_pg_timeout": values["ddplab_pg_timeout"], "ddplab_balance": balance,
-            "ddplab_elastic": values["ddplab_elastic"],
+            "ddplab_elastic": values["ddplab_elastic"], "ddplab_shard": values["ddplab_shard"],
             "ddplab_trainer_extra_args": values["ddplab_trainer_extra_args"]}
     proc = subprocess.run([sys.executable, "-c", RENDER_LAUNCH_ARGS, str(repo / "roles/launch/vars/main.yml"),
                            json.dumps(node), str(repo / "plugins" / "lookup")],

@@ -138,7 +138,7 @@ def test_launch_flags_name_the_settings_and_the_trainer_accepts_them():
     from ddplab.trainer_flags import FLAG_SETTING, SETTING_FIELD, launch_flags
 
     settings = {"ddplab_trainer_steps": 9, "ddplab_trainer_depth": 3, "ddplab_pg_timeout": 40,
-                "ddplab_balance": True, "ddplab_elastic": False,
+                "ddplab_balance": True, "ddplab_elastic": False, "ddplab_shard": False,
                 "ddplab_trainer_extra_args": ["--lr", "0.01"]}
     argv = launch_flags(settings, "/lab/data", "/lab/runs/r/out", "r", resume=True)
     assert argv[-2:] == ["--lr", "0.01"] and argv.index("--resume") > argv.index("--pg-timeout-s")
