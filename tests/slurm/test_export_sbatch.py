@@ -85,6 +85,7 @@ def launch_sh_trainer_argv(root: Path) -> str:
     variables = {"ansible_managed": "", "ddplab_run": "exp-1", "inventory_hostname": "box-a",
                  "ddplab_node_rank": 0, "ddplab_run_dir": f"{root}/runs/exp-1", "ddplab_rank_cwd": "/x",
                  "ddplab_lab": lab, "ddplab_byo": False, "ddplab_elastic": False, "ddplab_balance": False,
+                 "ddplab_shard": False,
                  "ddplab_trainer_steps": 7, "ddplab_trainer_depth": 2, "ddplab_pg_timeout": 45,
                  "ddplab_trainer_extra_args": [], "ddplab_rdzv_timeout": 60, "ddplab_max_restarts": 0,
                  "launch_rank_python": "python"}
