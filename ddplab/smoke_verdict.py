@@ -21,7 +21,7 @@ from ddplab.errors import DdplabError
 # The scan's findings that explain a smoke problem with no file:line of its own.
 HINT_KINDS = {"no-group": {"pg-only-on-cuda", "nccl"}, "bad-group": {"nccl", "pg-only-on-cuda"},
               "no-collectives": {"ddp-device-ids", "pg-only-on-cuda"}, "crash": set(), "disagree": set(),
-              "no-training": set(), "rank-layout": set()}
+              "no-training": {"cuda-required"}, "rank-layout": set(), "missing-module": {"cuda-import"}}
 
 
 def hints_for(problem: dict, findings: list[Finding]) -> list[Finding]:
@@ -32,6 +32,8 @@ def hints_for(problem: dict, findings: list[Finding]) -> list[Finding]:
     if problem["kind"] == "crash" and "process group" in problem["what"]:
         kinds.add("pg-only-on-cuda")  # a collective without a group: the group was made on CUDA only
     hints = [f for f in findings if f.kind in kinds]
+    if problem["kind"] == "missing-module":  # the scan's word on that package only
+        hints = [f for f in hints if f"import {problem.get('module')}" in f.what]
     hints += [f for f in at if f.severity == "error" and f not in hints]
     return hints or at
 
@@ -73,8 +75,11 @@ def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tupl
         return 0, lines
     first = result["problems"][0]
     place = f" at {first['where']}" if first.get("where") else ""
-    message = f"ddplab: error: {what}, {seconds:g} s): {first['what']}{place}; patch: {first['fix']}"
     hints = hints_for(first, findings)
+    fix = first["fix"]
+    if first["kind"] == "missing-module" and any(f.kind == "cuda-import" for f in hints):
+        fix = f"{first['module']} needs a GPU, do without it on CPU"  # installing it would not help
+    message = f"ddplab: error: {what}, {seconds:g} s): {first['what']}{place}; patch: {fix}"
     if hints:
         message += "; the CPU check: " + " | ".join(
             f"{f.path}:{f.line}: {f.what}; patch: {f.patch}" for f in hints)

@@ -31,6 +31,7 @@ import ctypes
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,6 +50,12 @@ GRACE_S = 3.0  # after one rank failed, how long the other may take to record it
 POLL_S = 0.2
 CACHE_KEEP = 32
 RANK_SCRIPT = Path(__file__).with_name("smoke_rank.py")
+MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+# import names whose package on PyPI is named otherwise (the fix for a missing module names the package)
+PIP_NAMES = {"yaml": "PyYAML", "cv2": "opencv-python", "sklearn": "scikit-learn", "PIL": "Pillow",
+             "skimage": "scikit-image", "bs4": "beautifulsoup4", "dateutil": "python-dateutil",
+             "dotenv": "python-dotenv", "attr": "attrs", "jwt": "PyJWT", "git": "GitPython",
+             "fitz": "PyMuPDF", "Crypto": "pycryptodome"}
 # the caller's variables the ranks do not inherit (each rank gets its own)
 INHERITED_NOT = ("TMUX", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
 COMPILE_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"  # torch.compile's caches (FX graph, AOT autograd, .so, Triton)
@@ -264,6 +271,14 @@ def judge(run: dict) -> dict:
     if errors:
         first = errors[0]
         err = first["error"]
+        missing = MISSING_MODULE.search(err["message"]) if err["type"] == "ModuleNotFoundError" else None
+        if missing:
+            top = missing.group(1).split(".")[0]
+            return {"verdict": "fail", "problems": [problem(
+                "missing-module", f"rank {first['rank']} raised {err['type']}: {err['message']}",
+                f"install the package that provides {top} ({PIP_NAMES.get(top, top)} on PyPI) on the nodes: "
+                "list it in ddplab_pip_requirements (a requirements file in ddplab_code_dir) and run "
+                "playbooks/prepare.yml again", first["rank"], err.get("where")) | {"module": top}]}
         if err["type"] == "RankLayoutError":
             return {"verdict": "fail", "problems": [problem(
                 "rank-layout", f"rank {first['rank']}: {err['message']}", 'pass '
@@ -295,10 +310,12 @@ def judge(run: dict) -> dict:
             return {"verdict": "pass", "problems": [], "note": (
                 "the ranks exited 0 after collectives on a gloo group of 2 but made no torch.optim step: "
                 "their parameters were not compared")}
+        exited = next((r for r in ranks if r.get("exit_where")), None)  # sys.exit(0): its line
         return {"verdict": "fail", "problems": [problem(
-            "no-training", "the ranks exited 0 without an optimizer step (no torch.optim.Optimizer.step ran) "
-            "and without training together", "check the arguments: on CPU the entry point must train (a "
-            "device flag such as --device-type=cpu or --device=cpu, a step count > 0)")]}
+            "no-training", "the ranks exited 0" + (" (sys.exit)" if exited else "") + " without an optimizer "
+            "step (no torch.optim.Optimizer.step ran) and without training together", "check the arguments: "
+            "on CPU the entry point must train (a device flag such as --device-type=cpu or --device=cpu, a "
+            "step count > 0)", exited["rank"] if exited else None, exited["exit_where"] if exited else None)]}
     for r in ranks:
         init = r.get("init")
         if init is None:

@@ -139,13 +139,24 @@ class Recorder:
         while done:  # the launcher ends the process group once every rank is here
             time.sleep(3600)
 
-    def on_error(self, exc: BaseException) -> None:
+    def user_chain(self, exc: BaseException) -> list[dict]:
+        """The frames of the exception's traceback in the user's code, outermost first, paths relative."""
         frames = [{"file": f.filename, "line": f.lineno, "func": f.name}
                   for f in traceback.extract_tb(exc.__traceback__)]
         user = [f for f in frames if os.path.isabs(f["file"])  # not "<frozen runpy>"
                 and os.path.realpath(f["file"]).startswith(self.code_root + os.sep)]
-        chain = [{"file": os.path.relpath(os.path.realpath(f["file"]), self.code_root), "line": f["line"],
-                  "func": f["func"]} for f in user]
+        return [{"file": os.path.relpath(os.path.realpath(f["file"]), self.code_root), "line": f["line"],
+                 "func": f["func"]} for f in user]
+
+    def on_exit_0(self, exc: SystemExit) -> None:
+        """Where the code called sys.exit(0) (an early exit without training names its line)."""
+        chain = self.user_chain(exc)
+        with self.lock:
+            self.rec["exit_where"] = chain[-1] if chain else None
+            self.write()
+
+    def on_error(self, exc: BaseException) -> None:
+        chain = self.user_chain(exc)
         where = chain[-1] if chain else None
         with self.lock:
             self.rec["error"] = {"type": type(exc).__name__, "message": str(exc).strip()[:600],
@@ -254,6 +265,8 @@ def rank_main(argv: list[str]) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:
             rec.on_error(e)
+        else:
+            rec.on_exit_0(e)
     except BaseException as e:  # noqa: BLE001 - the user's exception is what this records
         rec.on_error(e)
         traceback.print_exc()

@@ -40,3 +40,18 @@ def test_a_smoke_run_that_did_not_run_refuses_naming_the_node():
     code, lines = decide({"error": "RuntimeError: /x/smoke exists and is not ddplab's smoke folder"},
                          "node0", "good_ddp.py", [])
     assert code == 1 and "on node0" in lines[0] and "is not ddplab's smoke folder" in lines[0]
+
+
+def test_a_missing_gpu_only_package_is_not_to_be_installed():
+    """A missing triton: the scan's patch (do without it), not ddplab_pip_requirements."""
+    from ddplab.cpu_patterns import Finding
+
+    found = Finding("train.py", 3, "cuda-import", "warning", "import triton needs a CUDA-only package",
+                    "the CPU wheel does not bring triton", "try: import triton / except ImportError: ...")
+    result = {"verdict": "fail", "seconds": 5, "problems": [
+        {"kind": "missing-module", "module": "triton", "rank": 0, "where": "train.py:3",
+         "what": "rank 0 raised ModuleNotFoundError: No module named 'triton'", "fix": "install ..."}]}
+    code, lines = decide(result, "node0", "train.py", [found])
+    assert code == 1
+    assert "at train.py:3; patch: triton needs a GPU, do without it on CPU; the CPU check: train.py:3: " \
+        "import triton needs a CUDA-only package; patch: try: import triton" in lines[0]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -33,6 +34,7 @@ CASES = {  # entry point -> (args, user_env)
     "false_alarm.py": ([], {}),
     "collectives_only.py": ([], {}),
     "local_rank_as_rank.py": ([], {}),
+    "missing_package.py": ([], {}),
     "-m pkg.train": (["--steps", "3"], {"SMOKE_FIXTURE_VAR": "set", "OUT_DIR": "out-pkg"}),
     # nanochat's shape (chatlike/): the group on CUDA only, an optimizer that all-reduces by itself
     "-m scripts.base_train": (["--device-type=cpu"], {}),
@@ -122,6 +124,30 @@ def test_parameters_that_disagree_are_refused(results):
 def test_exit_0_without_training_is_refused(results):
     p = problem(results["exits_early.py"])
     assert p["kind"] == "no-training"
+
+
+def test_an_early_exit_names_its_line_and_the_scans_guard(results):
+    r = results["exits_early.py"]
+    assert problem(r)["where"] == f"exits_early.py:{fixture_line('exits_early.py', 'sys.exit(0)')}"
+    out = verdict(r, "exits_early.py")
+    assert out.returncode == 1, out
+    guard = fixture_line("exits_early.py", "if not torch.cuda.is_available()")
+    assert "the ranks exited 0 (sys.exit) without an optimizer step" in out.stdout
+    assert (f"; the CPU check: exits_early.py:{guard}: not torch.cuda.is_available() stops the program"
+            in out.stdout)
+
+
+def test_a_missing_module_names_the_package_and_ddplab_pip_requirements(results):
+    if importlib.util.find_spec("sklearn"):
+        pytest.skip("scikit-learn is installed here: the fixture's import does not fail")
+    r = results["missing_package.py"]
+    p = problem(r)
+    assert p["kind"] == "missing-module" and p["module"] == "sklearn", r
+    assert p["where"] == f"missing_package.py:{fixture_line('missing_package.py', 'from sklearn')}"
+    out = verdict(r, "missing_package.py")
+    assert out.returncode == 1, out
+    assert ("No module named 'sklearn' at missing_package.py:4; patch: install the package that provides "
+            "sklearn (scikit-learn on PyPI) on the nodes: list it in ddplab_pip_requirements") in out.stdout
 
 
 def verdict(result: dict, entry: str, code: Path = FIXTURES) -> subprocess.CompletedProcess:
