@@ -121,6 +121,41 @@ def cpu_info(threads: int | None) -> dict:
     }
 
 
+def cgroup_memory_limit(proc: Path = Path("/proc/self")) -> int | None:
+    """The tightest memory limit on this process's cgroup and its parents, in bytes (None: none): cgroup v2
+    memory.max, or memory.limit_in_bytes of a v1 memory hierarchy (a hybrid machine). A container, a
+    systemd slice or a simulated host's --mem-limit caps what a rank can use below MemAvailable."""
+    mounts: dict[str, Path] = {}  # "v2" or "memory" (v1) -> mount point
+    try:
+        for line in (proc / "mountinfo").read_text().splitlines():
+            pre, _, post = line.partition(" - ")
+            fields = post.split()
+            if fields and fields[0] == "cgroup2":
+                mounts.setdefault("v2", Path(pre.split()[4]))
+            elif len(fields) > 2 and fields[0] == "cgroup" and "memory" in fields[2].split(","):
+                mounts.setdefault("memory", Path(pre.split()[4]))
+        groups = [line.split(":", 2) for line in (proc / "cgroup").read_text().splitlines()]
+    except OSError:
+        return None
+    limits = []
+    for _, controllers, path in (g for g in groups if len(g) == 3):
+        kind = "v2" if controllers == "" else "memory" if "memory" in controllers.split(",") else None
+        if kind not in mounts:
+            continue
+        root, name = mounts[kind], "memory.max" if kind == "v2" else "memory.limit_in_bytes"
+        group = root / path.lstrip("/")
+        for folder in (group, *group.parents):
+            try:
+                raw = (folder / name).read_text().strip()
+            except OSError:
+                raw = "max"
+            if raw != "max" and raw.isdigit() and int(raw) < 1 << 62:  # v1 writes "none" as ~2^63
+                limits.append(int(raw))
+            if folder == root:
+                break
+    return min(limits, default=None)
+
+
 def _meminfo() -> dict[str, int]:
     out = {}
     try:
@@ -174,13 +209,7 @@ def estimate_trainer(s: dict):
 def memory_info(sizes: dict) -> dict:
     """MemAvailable (capped by a cgroup limit) against the estimated training memory of one rank."""
     mem = _meminfo()
-    limit = None
-    try:
-        raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if raw != "max":
-            limit = int(raw)
-    except (OSError, ValueError):
-        pass
+    limit = cgroup_memory_limit()
     est = estimate_trainer(sizes)
     if est is not None:
         (need, breakdown), method = est, "trainer.model.estimate_train_memory"

@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                         "sudo password, package registries reachable through NAT (see simlan/README.md)")
     u.add_argument("--cpu-quota", action="append", default=[], metavar="HOST=PERCENT",
                    help="run HOST at PERCENT of one core (cgroup CPU bandwidth), e.g. node1=50; repeatable")
+    u.add_argument("--mem-limit", action="append", default=[], metavar="HOST=SIZE",
+                   help="give HOST SIZE of memory (cgroup memory limit; K, M, G), e.g. node1=1536M: a "
+                        "process that would take it over is OOM-killed; repeatable")
     u.add_argument("--force", action="store_true", help="recreate the cluster if one is already up")
 
     e = sub.add_parser("exec", help="run a command inside a host: exec NODE -- CMD ...")
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             c = cluster_mod.up(args.nodes, rate=args.rate, cpus=args.cpus, syn_retries=args.syn_retries,
                                force=args.force, inventory_dir=args.inventory, python=args.python,
-                               keep=tuple(args.keep), stock=args.stock, cpu_quota=tuple(args.cpu_quota))
+                               keep=tuple(args.keep), stock=args.stock, cpu_quota=tuple(args.cpu_quota),
+                               mem_limit=tuple(args.mem_limit))
             print(f"simlan: {'already up' if c.reused else 'up'}: {len(c.hosts)} "
                   f"{'stock ' if c.stock else ''}host(s) on "
                   f"{network.BRIDGE} {network.GATEWAY}/{network.PREFIX_LEN}; inventory {c.inventory_dir}")

@@ -94,11 +94,21 @@ fi
 mkdir -p -m 755 /run/sshd
 mkdir -p -m 1777 /run/lock
 
+# A --mem-limit host sees the machine's memory cgroup file system, read-only, where a real machine has it
+# (`ip netns exec` mounted a fresh /sys without it): a node's probe reads its own limit there.
+if [ -n "$CGROUP_FS" ]; then
+  read -r fs opts dir <<< "$CGROUP_FS"
+  if [ "$dir" != /sys/fs/cgroup ]; then mount -t tmpfs -o mode=755,nosuid,nodev cgroup /sys/fs/cgroup; fi
+  mkdir -p "$dir"
+  mount -t "$fs" -o "$opts" cgroup "$dir"
+  mount -o remount,bind,ro "$dir"  # this mount only: the machine's own stays writable
+fi
+
 """ + SSHD_AND_REAP
 
 
 def render_init(*, host: str, addr: str, host_dir: Path, real_home: str, keep: list[str],
-                syn_retries: int, keep_tmp: list[str] | None = None) -> str:
+                syn_retries: int, keep_tmp: list[str] | None = None, cgroup_fs: str = "") -> str:
     values = {
         "SIMLAN_HOST": host,
         "ADDR": addr,
@@ -107,6 +117,7 @@ def render_init(*, host: str, addr: str, host_dir: Path, real_home: str, keep: l
         "SSHD_CONFIG": str(host_dir / "sshd_config"),
         "SSHD_LOG": str(host_dir / "sshd.log"),
         "SYN_RETRIES": str(syn_retries),
+        "CGROUP_FS": cgroup_fs,  # "TYPE OPTIONS MOUNTPOINT" of the memory cgroup (simlan.memlimit), or ""
     }
     header = "\n".join(f"{k}={shlex.quote(v)}" for k, v in values.items())
     keep_line = "KEEP=(" + " ".join(shlex.quote(k) for k in keep) + ")"
@@ -155,7 +166,7 @@ def render_etc_hosts(hosts: list[tuple[str, str]]) -> str:
 
 def write_host_files(*, host: str, addr: str, host_dir: Path, all_hosts: list[tuple[str, str]],
                      client_pubkey: str, real_home: str, keep: list[str], syn_retries: int,
-                     ssh_keygen: str, keep_tmp: list[str] | None = None) -> None:
+                     ssh_keygen: str, keep_tmp: list[str] | None = None, cgroup_fs: str = "") -> None:
     """Create the host's folder with everything init.sh needs (private /etc, home, sshd files)."""
     from simlan.system import run
 
@@ -182,5 +193,6 @@ def write_host_files(*, host: str, addr: str, host_dir: Path, all_hosts: list[tu
     (host_dir / "sshd.log").touch()
     init = host_dir / "init.sh"
     init.write_text(render_init(host=host, addr=addr, host_dir=host_dir, real_home=real_home,
-                                keep=keep, syn_retries=syn_retries, keep_tmp=keep_tmp or []))
+                                keep=keep, syn_retries=syn_retries, keep_tmp=keep_tmp or [],
+                                cgroup_fs=cgroup_fs))
     init.chmod(0o755)

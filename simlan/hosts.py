@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from simlan import cpuquota
+from simlan import cpuquota, memlimit
 from simlan.defaults import DEFAULT_SYN_RETRIES, READY_TIMEOUT, SSHD
 from simlan.errors import SimlanError
 from simlan.probe import comm, ssh_answers
@@ -30,6 +30,7 @@ class Host:
     pid1_start: int | None = None
     killed: bool = False
     cgroup: str | None = None  # its own cgroup when it has a --cpu-quota
+    mem_cgroup: str | None = None  # its own memory cgroup when it has a --mem-limit
 
     @property
     def alive(self) -> bool:
@@ -52,6 +53,7 @@ class Cluster:
     stock: bool = False  # `up --stock`: own Debian root, login as `lab` (simlan.stockinit)
     become_password: str | None = None  # the stock hosts' sudo password of `lab`
     cpu_quota: dict[str, int] = field(default_factory=dict)  # host -> percent of one core
+    mem_limit: dict[str, int] = field(default_factory=dict)  # host -> bytes of memory
     egress: dict | None = None  # the NAT rules added for stock hosts (simlan.egress)
     outsider: bool = False  # a host outside the lab is on the LAN (simlan.outsider)
     reused: bool = field(default=False, compare=False)  # `up` found it already running
@@ -121,8 +123,8 @@ class Cluster:
     def pin(self, name: str):
         """A preexec_fn that gives a process started from outside the host the host's CPU
         placement and cgroup (processes started inside inherit both from PID 1), or None."""
-        cpu, cgroup = self.host(name).cpu, self.host(name).cgroup
-        if cpu is None and cgroup is None:
+        cpu, cgroup, mem = self.host(name).cpu, self.host(name).cgroup, self.host(name).mem_cgroup
+        if cpu is None and cgroup is None and mem is None:
             return None
 
         def place() -> None:
@@ -130,6 +132,8 @@ class Cluster:
                 os.sched_setaffinity(0, {cpu})
             if cgroup is not None:
                 cpuquota.join(cgroup)
+            if mem is not None:
+                memlimit.join(mem)
 
         return place
 

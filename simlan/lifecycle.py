@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from simlan import cpuquota, egress, inventory, network, outsider, rootfs
+from simlan import cpuquota, egress, inventory, memlimit, network, outsider, rootfs
 from simlan.defaults import DEFAULT_INVENTORY, DEFAULT_SYN_RETRIES, READY_TIMEOUT
 from simlan.errors import SimlanError
 from simlan.hostinit import write_host_files
@@ -39,11 +39,12 @@ def up(nodes: int, *, rate: str | None = None, cpus: str = "none",
        inventory_dir: str | os.PathLike | None = None, python: str | None = None,
        keep: tuple[str, ...] = (), state: str | os.PathLike | None = None,
        timeout: float = READY_TIMEOUT, stock: bool = False,
-       cpu_quota: tuple[str, ...] | list[str] = ()) -> Cluster:
+       cpu_quota: tuple[str, ...] | list[str] = (), mem_limit: tuple[str, ...] | list[str] = ()) -> Cluster:
     """Create hosts node0..node<nodes-1> and return the cluster. If the same cluster is already
     up and healthy it is returned as is (`.reused` is True); a different one needs `force`.
     `stock`: hosts that look like a fresh Debian 12 install (simlan.stockinit); `cpu_quota`:
-    ["node1=50", ...], a host at that percent of one core (simlan.cpuquota)."""
+    ["node1=50", ...], a host at that percent of one core (simlan.cpuquota); `mem_limit`: ["node1=1536M",
+    ...], a host with that much memory (simlan.memlimit)."""
     tools = require()
     if not 1 <= nodes <= network.MAX_HOSTS:
         raise SimlanError(f"--nodes must be between 1 and {network.MAX_HOSTS}, got {nodes}", code=2)
@@ -54,6 +55,9 @@ def up(nodes: int, *, rate: str | None = None, cpus: str = "none",
     quotas = cpuquota.parse(cpu_quota, [network.host_name(i) for i in range(nodes)])
     if quotas:
         cpuquota.backend()  # fails early, with a message, when the kernel has no cpu controller
+    limits = memlimit.parse(mem_limit, [network.host_name(i) for i in range(nodes)])
+    if limits:
+        memlimit.backend()
     sdir = state_dir(state)
     inv = Path(inventory_dir or DEFAULT_INVENTORY).resolve()
     python = python or (STOCK_PYTHON if stock else venv_python())
@@ -63,9 +67,10 @@ def up(nodes: int, *, rate: str | None = None, cpus: str = "none",
     with locked(sdir):
         existing = load(sdir)
         if existing:
-            wanted = (nodes, rate, cpus, syn_retries, str(inv), python, stock, quotas)
+            wanted = (nodes, rate, cpus, syn_retries, str(inv), python, stock, quotas, limits)
             have = (len(existing.hosts), existing.rate, existing.cpus, existing.syn_retries,
-                    str(existing.inventory_dir), existing.python, existing.stock, existing.cpu_quota)
+                    str(existing.inventory_dir), existing.python, existing.stock, existing.cpu_quota,
+                    existing.mem_limit)
             if not force:
                 if wanted == have and existing.healthy():
                     existing.reused = True
@@ -75,13 +80,15 @@ def up(nodes: int, *, rate: str | None = None, cpus: str = "none",
                 why = "unhealthy" if wanted == have else f"{len(existing.hosts)} hosts, rate " \
                     f"{existing.rate or 'unshaped'}, cpus {existing.cpus}" \
                     f"{', stock' if existing.stock else ''}" \
-                    f"{''.join(f', {h} at {p}%' for h, p in existing.cpu_quota.items())}"
+                    f"{''.join(f', {h} at {p}%' for h, p in existing.cpu_quota.items())}" \
+                    f"{''.join(f', {h} {b >> 20}M' for h, b in existing.mem_limit.items())}"
                 raise SimlanError(
                     f"a cluster is already up ({why}; state in {sdir}); run `python -m simlan down` "
                     "first, or `python -m simlan up --force` to recreate it", code=2)
             _teardown(existing, tools)
         return _create(sdir, tools, nodes=nodes, rate=rate, cpus=cpus, syn_retries=syn_retries,
-                       inv=inv, python=python, keep=keep, timeout=timeout, stock=stock, quotas=quotas)
+                       inv=inv, python=python, keep=keep, timeout=timeout, stock=stock, quotas=quotas,
+                       limits=limits)
 
 
 def down(state: str | os.PathLike | None = None) -> bool:
@@ -107,7 +114,7 @@ def _write_inventory(cluster: Cluster) -> None:
 
 def _create(sdir: Path, tools: dict[str, str], *, nodes: int, rate: str | None, cpus: str,
             syn_retries: int, inv: Path, python: str, keep: tuple[str, ...], timeout: float,
-            stock: bool, quotas: dict[str, int]) -> Cluster:
+            stock: bool, quotas: dict[str, int], limits: dict[str, int]) -> Cluster:
     ip, tc = tools["ip"], tools["tc"]
     # Before anything exists: the cache build (once, about a minute) and the checks of --stock.
     lower = rootfs.ensure(log=lambda m: print(m, file=sys.stderr)) if stock else None
@@ -126,7 +133,8 @@ def _create(sdir: Path, tools: dict[str, str], *, nodes: int, rate: str | None, 
     cluster = Cluster(state_dir=sdir, hosts=hosts, inventory_dir=inv, python=python, rate=rate,
                       cpus=cpus, syn_retries=syn_retries, real_home=real_home,
                       created_by=os.getpid(), created_at=time.time(), stock=stock,
-                      become_password=secrets.token_urlsafe(12) if stock else None, cpu_quota=quotas)
+                      become_password=secrets.token_urlsafe(12) if stock else None, cpu_quota=quotas,
+                      mem_limit=limits)
     cluster.save()  # recorded before anything exists, so a failed `up` can be undone by `down`
     try:
         for f in (cluster.key, cluster.key.with_suffix(".pub")):
@@ -146,7 +154,8 @@ def _create(sdir: Path, tools: dict[str, str], *, nodes: int, rate: str | None, 
             for h in hosts:
                 write_host_files(host=h.name, addr=h.addr, host_dir=Path(h.dir), all_hosts=lan,
                                  client_pubkey=pubkey, real_home=real_home, keep=keep_list,
-                                 keep_tmp=keep_tmp, syn_retries=syn_retries, ssh_keygen=tools["ssh-keygen"])
+                                 keep_tmp=keep_tmp, syn_retries=syn_retries, ssh_keygen=tools["ssh-keygen"],
+                                 cgroup_fs=memlimit.mount_spec() if h.name in limits else "")
         network.create_bridge(ip)
         for h in hosts:
             network.create_host_link(ip, tc, h.name, h.addr, rate)
@@ -158,6 +167,9 @@ def _create(sdir: Path, tools: dict[str, str], *, nodes: int, rate: str | None, 
         for h in hosts:
             if h.name in quotas:
                 h.cgroup = cpuquota.create(h.name, quotas[h.name])
+                cluster.save()
+            if h.name in limits:
+                h.mem_cgroup = memlimit.create(h.name, limits[h.name])
                 cluster.save()
         for h in hosts:
             _start_host(cluster, h, tools)
@@ -241,6 +253,7 @@ def _teardown(cluster: Cluster, tools: dict[str, str]) -> None:
     egress.remove(cluster.egress)
     for h in cluster.hosts:
         cpuquota.remove(h.cgroup)
+        memlimit.remove(h.mem_cgroup)
     if cluster.inventory_written:
         inventory.remove(cluster.inventory_dir)
     shutil.rmtree(cluster.state_dir, ignore_errors=True)

@@ -15,8 +15,9 @@ such as sshd is missing, naming what is missing)::
         c = simlan_cluster(3, rate="1gbit", cpus="auto")
 
 - ``simlan_cluster`` (session scope) is a factory ``(nodes=2, *, rate=None, cpus="none",
-  fresh=False) -> simlan.cluster.Cluster``. One cluster exists at a time: it is reused while
-  tests ask for the same shape and it is healthy, and recreated otherwise (about 0.5 s for 2 hosts).
+  fresh=False, mem_limit=()) -> simlan.cluster.Cluster`` (mem_limit: ``("node1=256M", ...)``). One
+  cluster exists at a time: it is reused while tests ask for the same shape and it is healthy, and
+  recreated otherwise (about 0.5 s for 2 hosts).
   ``fresh=True`` always recreates. A test that leaves a host changed (ufw enabled, host killed,
   files written into the lab folder) calls ``simlan_cluster.discard()`` at its end, so the next
   test gets clean hosts.
@@ -49,6 +50,7 @@ from tests.helpers.workers import SHARED_CLUSTER, file_of, shared_cluster_schedu
 use_own_simlan_lab()  # before simlan is imported: it reads SIMLAN_LAB once
 
 from simlan import cluster as simlan  # noqa: E402
+from simlan import memlimit  # noqa: E402
 from simlan.system import cmdline, missing_requirements  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +74,7 @@ class SimlanFactory:
         self._checked_leftover = False
 
     def __call__(self, nodes: int = 2, *, rate: str | None = None, cpus: str = "none",
-                 fresh: bool = False) -> simlan.Cluster:
+                 fresh: bool = False, mem_limit: tuple[str, ...] = ()) -> simlan.Cluster:
         reason = simlan_skip_reason()
         if reason:
             pytest.skip(reason)
@@ -81,11 +83,12 @@ class SimlanFactory:
             self._checked_leftover = True
         current = simlan.load()
         same = (current is not None and current.created_by == os.getpid() and not current.stock
-                and (len(current.hosts), current.rate, current.cpus) == (nodes, rate, cpus))
+                and (len(current.hosts), current.rate, current.cpus) == (nodes, rate, cpus)
+                and current.mem_limit == memlimit.parse(mem_limit, [h.name for h in current.hosts]))
         if same and not fresh and current.healthy():
             self.cluster = current
         else:
-            self.cluster = simlan.up(nodes, rate=rate, cpus=cpus, force=True)
+            self.cluster = simlan.up(nodes, rate=rate, cpus=cpus, force=True, mem_limit=mem_limit)
         require_clean_inventory(self.cluster.inventory_dir)
         return self.cluster
 
