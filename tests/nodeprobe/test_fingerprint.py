@@ -115,3 +115,25 @@ def test_disk_facts_read_the_lab_folders_own_file_system(tmp_path):
         assert after["free_bytes"] <= before["free_bytes"] - (3 << 20)
     finally:
         subprocess.run(["umount", str(disk)], check=True, timeout=30)
+
+
+@pytest.mark.parametrize("kind", ["v1", "v2"])
+def test_the_memory_limit_is_the_tightest_of_the_process_cgroup_and_its_parents(tmp_path, kind):
+    """A rank's cap is its own cgroup's limit or a parent's (a lab slice), whichever is lower; v1 says "no
+    limit" as ~2^63, v2 as "max"."""
+    from nodeprobe.fingerprint import cgroup_memory_limit
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    proc.mkdir()
+    name, none = ("memory.limit_in_bytes", str(2**63 - 4096)) if kind == "v1" else ("memory.max", "max")
+    fs = "cgroup cgroup rw,memory" if kind == "v1" else "cgroup2 cgroup2 rw"
+    (proc / "mountinfo").write_text(f"30 23 0:9 / {root} rw,relatime - {fs}\n")
+    (proc / "cgroup").write_text(("4:memory:" if kind == "v1" else "0::") + "/lab/node1\n")
+    for folder, value in ((root, none), (root / "lab", str(3 << 30)), (root / "lab" / "node1", none)):
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(value + "\n")
+    assert cgroup_memory_limit(proc) == 3 << 30
+    (root / "lab" / "node1" / name).write_text(str(96 << 20))
+    assert cgroup_memory_limit(proc) == 96 << 20
+    (proc / "cgroup").write_text("4:cpu:/lab/node1\n")  # not in a memory cgroup: no limit known
+    assert cgroup_memory_limit(proc) is None
