@@ -108,11 +108,12 @@ def trainer_argv(v: dict, lab: dict, run: str) -> tuple[list[str], str]:
     return [str(a) for a in argv], str(t.template(trust_as_template("{{ launch_threads_flag }}")))
 
 
-def rank_python(run: str, python: str) -> str:
+def rank_python(run: str, python: str, env: dict) -> str:
     """The launch role's rank_python for this job: each local rank compiles into a folder of its own."""
     from ansible.template import trust_as_template
 
-    variables = {"ansible_managed": MARKER, "ddplab_run": run, "launch_rank_python": python}
+    variables = {"ansible_managed": MARKER, "ddplab_run": run, "launch_rank_python": python,
+                 "ddplab_env": env}
     return templar(variables).template(trust_as_template(RANK_PYTHON.read_text()), escape_backslashes=False)
 
 
@@ -146,7 +147,7 @@ def job_data(args, v: dict, nodes: list[str]) -> dict:
         manifest = json.dumps(json.loads((Path(v["ddplab_data_dir"]) / "manifest.json").read_text()),
                               separators=(",", ":"))
     hashing_py = HASHING.read_text()
-    wrapper = rank_python(run, args.python)
+    wrapper = rank_python(run, args.python, v["ddplab_env"])
     out_name = os.path.basename(args.output) if args.output != "-" else "job.sbatch"
     return {
         "marker": MARKER, "inventory": args.inventory, "run": run, "job_name": f"ddplab-{run}",

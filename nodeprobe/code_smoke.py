@@ -127,12 +127,14 @@ def layout(spec: dict, rank: int) -> dict:
 
 
 def compile_cache(spec: dict, scratch: Path, rank: int) -> Path:
-    """The rank's own torch.compile cache folder (TORCHINDUCTOR_CACHE_DIR): ranks sharing one would load
-    each other's half-written compiled libraries. Under the lab's compile cache (``compile_cache``, kept
-    for the next smoke run), else in the scratch folder; never torch's default /tmp/torchinductor_<user>,
-    a name any local user can create first."""
+    """The rank's own torch.compile cache folder (TORCHINDUCTOR_CACHE_DIR), with its TMPDIR (``tmp``: torch
+    keeps precompiled headers in TMPDIR/torchinductor_<user> whatever TORCHINDUCTOR_CACHE_DIR says). Ranks
+    sharing one would load each other's half-written compiled libraries. Under the lab's compile cache
+    (``compile_cache``, kept for the next smoke run), else in the scratch folder; never torch's default
+    /tmp/torchinductor_<user>, a name any local user can create first (and fill)."""
     base = Path(spec["compile_cache"]) if spec.get("compile_cache") else scratch / "compile-cache"
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (base / f"smoke-rank{rank}" / "tmp").mkdir(parents=True, exist_ok=True)
     return base / f"smoke-rank{rank}"
 
 
@@ -141,7 +143,8 @@ def rank_env(spec: dict, rank: int, port: int, scratch: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in INHERITED_NOT}
     threads = str(int(spec.get("threads") or 1))
     env.update({str(k): str(v) for k, v in (spec.get("lab_env") or {}).items()})
-    env[COMPILE_CACHE_VAR] = str(compile_cache(spec, scratch, rank))  # a value in ddplab_env wins
+    cache = compile_cache(spec, scratch, rank)
+    env.update({COMPILE_CACHE_VAR: str(cache), "TMPDIR": str(cache / "tmp")})  # ddplab_env's values win
     env.update({str(k): str(v) for k, v in (spec.get("user_env") or {}).items()})
     env.update(layout(spec, rank))
     env.update({

@@ -1,10 +1,12 @@
 """The launch role's real launch.sh, trainer.env and rank_python, run here as one node of 2 local ranks
 (torchrun on 127.0.0.1) on a small DDP model under torch.compile: each local rank compiles cold into a
 folder of its own under the lab's compile cache (torchrun runs it through rank_python, its PYTHON_EXEC),
-never into torch's shared /tmp/torchinductor_<user>, and both finish; a cache named in ddplab_env is kept."""
+with its TMPDIR there too, never into torch's shared TMPDIR/torchinductor_<user> (which another local user
+can create first and fill), and both finish; a cache named in ddplab_env is kept."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import socket
 import stat
@@ -53,16 +55,21 @@ def test_local_ranks_compile_cold_into_folders_of_their_own(tmp_path):
     for name, text in rendered.items():  # as start-rank places them (roles/launch/tasks/main.yml)
         (run_dir / PLACED[name]).write_text(text)
     (run_dir / "rank_python").chmod(0o755)
+    planted = tmp_path / "tmp" / f"torchinductor_{getpass.getuser()}"  # another local user made it first
+    planted.mkdir(parents=True)
+    planted.chmod(0o777)
     unset = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH",
              "TORCHINDUCTOR_CACHE_DIR")
-    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env = {k: v for k, v in os.environ.items() if k not in unset} | {"TMPDIR": str(planted.parent)}
     proc = subprocess.run(["bash", str(run_dir / "launch.sh")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     log = (run_dir / "launch.log").read_text()
     assert proc.returncode == 0, log[-3000:]
     cache = tmp_path / "lab" / "compile-cache"
     for rank in (0, 1):
-        assert f"rank {rank} compile cache {cache}/local{rank}" in log, log[-3000:]
+        mine = cache / f"local{rank}"
+        assert f"rank {rank} compile cache {mine} tmp {mine}/tmp" in log, log[-3000:]
         assert list((cache / f"local{rank}").rglob("*.so")), f"rank {rank} built nothing in its folder"
     assert sorted(p.name for p in cache.iterdir()) == ["local0", "local1"]
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert list(planted.iterdir()) == []  # torch's precompiled headers went to the rank's own TMPDIR too

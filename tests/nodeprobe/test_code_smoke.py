@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import json
 import os
@@ -50,9 +51,10 @@ def spec_for(entry: str, scratch: Path, **extra) -> dict:
             "args": args, "user_env": env, "seconds": 150, "steps": 2, "nodes": 2, **extra}
 
 
-def smoke(spec: dict, timeout: float = 180) -> dict:
+def smoke(spec: dict, timeout: float = 180, env: dict | None = None) -> dict:
     proc = subprocess.run([sys.executable, "-m", "nodeprobe", "code-smoke"], input=json.dumps(spec),
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False,
+                          env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -233,11 +235,16 @@ def test_local_rank_for_the_rank_trains_on_a_lab_of_one_node(tmp_path):
 
 def test_each_rank_compiles_into_a_folder_of_its_own(tmp_path):
     """torch.compile (inductor on CPU) cold in both ranks: each builds its libraries in its own folder under
-    the lab's compile cache, none in torch's shared default (/tmp/torchinductor_<user>)."""
+    the lab's compile cache. None reach torch's default, $TMPDIR/torchinductor_<user>, which another local
+    user can create first (here: made world-writable beforehand, as such a user would leave it)."""
     cache = tmp_path / "lab" / "compile-cache"
+    planted = tmp_path / "tmp" / f"torchinductor_{getpass.getuser()}"
+    planted.mkdir(parents=True)
+    planted.chmod(0o777)
     r = smoke(spec_for("compiled_ddp.py", tmp_path / "r" / "smoke", compile_cache=str(cache), seconds=300),
-              timeout=330)
+              timeout=330, env={"TMPDIR": str(planted.parent)})
     assert r["verdict"] == "pass", r
+    assert list(planted.iterdir()) == []
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     built = {rank: sorted(p.name for p in (cache / f"smoke-rank{rank}").rglob("*.so")) for rank in (0, 1)}
     assert built[0] and built[1], built  # each rank built its own, from the same graphs
@@ -249,6 +256,7 @@ def test_a_compile_cache_set_in_ddplab_env_is_kept(tmp_path):
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/srv/mine"
     env = code_smoke.rank_env({"compile_cache": str(tmp_path / "cc")}, 1, 1, tmp_path)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cc" / "smoke-rank1")
+    assert env["TMPDIR"] == str(tmp_path / "cc" / "smoke-rank1" / "tmp")
 
 
 def test_a_pass_is_remembered_and_a_change_runs_again(tmp_path):

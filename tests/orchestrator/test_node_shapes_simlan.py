@@ -45,6 +45,10 @@ def test_two_ranks_on_one_node_and_one_on_the_other_train_as_one_world(shaped, l
                       if "=" in line and not line.startswith("#")) for host in ("node0", "node1")}
     assert env["node0"]["NPROC_PER_NODE"] == "2" and env["node1"]["NPROC_PER_NODE"] == "1"
     assert env["node0"]["NNODES"] == env["node1"]["NNODES"] == "2"
+    # torchrun ran every rank's Python through rank_python (its PYTHON_EXEC): a compile cache per local rank
+    for host in ("node0", "node1"):
+        assert env[host]["PYTHON_EXEC"].endswith(f"/runs/{run_id}/rank_python"), env[host]
+        assert env[host]["DDPLAB_COMPILE_CACHE"].endswith("/compile-cache"), env[host]
     # the simulated hosts are one machine (one kernel boot id) and, not pinned, see the same CPUs: its 3 ranks
     # share them, where each host dividing the CPUs by its own ranks would oversubscribe the machine
     seen = {h: shaped.exec(h, ["sh", "-c", "nproc; taskset -cp $$ | cut -d: -f2; "

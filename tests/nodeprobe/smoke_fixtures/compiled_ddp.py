@@ -1,6 +1,7 @@
 """A small DDP model under torch.compile (inductor: C++ kernels built with the host's compiler, loaded as
-shared libraries from TORCHINDUCTOR_CACHE_DIR); prints where this rank's compile cache is."""
+shared libraries from TORCHINDUCTOR_CACHE_DIR); prints where this rank's compile cache and temp folder are."""
 import os
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -18,5 +19,6 @@ for _ in range(3):
     opt.zero_grad()
     loss.backward()
     opt.step()
-print(f"rank {rank} compile cache {os.environ.get('TORCHINDUCTOR_CACHE_DIR')}", flush=True)
+print(f"rank {rank} compile cache {os.environ.get('TORCHINDUCTOR_CACHE_DIR')} tmp {tempfile.gettempdir()}",
+      flush=True)
 dist.destroy_process_group()
