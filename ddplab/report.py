@@ -19,6 +19,8 @@ from pathlib import Path
 from ddplab import lowcomm_advice, tb_export, unpack
 from ddplab.errors import DdplabError
 from nodeprobe import log_metrics
+from nodeprobe.cpu_power import GOVERNOR_FIX
+from trainer import straggler_rule
 
 COLUMNS = [("host", "host"), ("rank", "rank"), ("exit", "exit"), ("steps", "steps"),
            ("final loss", "final_loss"), ("tokens/s", "tokens_per_sec"), ("step ms p50", "step_ms_p50"),
@@ -175,6 +177,23 @@ def _row(r):
     }
 
 
+def stragglers(ranks) -> list[dict]:
+    """The ranks whose median compute time per sequence over the run was straggler_rule.RATIO times the
+    others' median (the built-in trainer's metrics), slowest first."""
+    speeds = {(r["host"], r["rank"]): straggler_rule.per_sequence(r["rows"]) for r in ranks if r["rows"]}
+    slow = sorted(straggler_rule.named(speeds).items(), key=lambda kv: -kv[1])
+    return [{"host": host, "rank": rank, "times": round(times, 2), "ms_per_seq": round(speeds[host, rank], 1)}
+            for (host, rank), times in slow]
+
+
+def straggler_lines(slow: list[dict], balanced: bool) -> list[str]:
+    fix = (" (ddplab_balance was on: its share of the batch was already smaller, see share p50)" if balanced
+           else ", or set ddplab_balance: true to give it a smaller share of the batch")
+    return [f"- straggler: {s['host']} (rank {s['rank']}) computed {s['times']:.1f}x the others' median per "
+            f"sequence ({s['ms_per_seq']} ms); every rank waited for it: check its load, power governor "
+            f"(`{GOVERNOR_FIX}`) and thermals{fix}" for s in slow]
+
+
 def _fmt(v):
     if v is None:
         return "-"
@@ -203,6 +222,8 @@ def markdown(run_dir, table, merged):
         last = f", last at step {changes[-1]['step']}" if changes else ""
         lines.append(f"- balance: shares {balance['shares']} of {balance['global_seqs']} sequences per step "
                      f"({len(changes)} changes{last})")
+    if merged.get("stragglers"):
+        lines += straggler_lines(merged["stragglers"], bool(balance))
     lines += ["", "| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_fmt(row[k]) for _, k in COLUMNS) + " |" for row in table]
     code = merged.get("code") or {}
@@ -267,6 +288,9 @@ def write_report(run_dir, nodes=(), log_pattern=""):
         merged["not_collected"] = [n for n in nodes if n not in merged["collected"]]
     if code:
         merged.update(code=code, code_identical=len({c["hash"] for c in code.values()}) == 1)
+    slow = stragglers(ranks)
+    if slow:
+        merged["stragglers"] = slow
     advice = lowcomm_advice.advice(merged, lowcomm_advice.load_study())
     if advice:
         merged["lowcomm_advice"] = advice

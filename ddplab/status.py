@@ -32,7 +32,9 @@ import sys
 import time
 
 from ddplab.errors import DdplabError
+from nodeprobe.cpu_power import GOVERNOR_FIX
 from nodeprobe.log_metrics import fmt_duration
+from trainer import straggler_rule
 
 NOT_ASKED = "not asked (left out by --limit)"
 UNREACHABLE = "unreachable"
@@ -94,9 +96,36 @@ def judge(doc: dict) -> dict:
     failed = sorted((r for r in rows if r["failed"]), key=lambda r: (r["victim"], r["t"]))
     left_out = [r["host"] for r in rows if not r["asked"]]
     first = failed[0]["host"] if failed else None
-    lines = render(run, rows, first, left_out, doc.get("log_dir", "")) + membership_lines(history)
+    slow = stragglers(states)
+    lines = (render(run, rows, first, left_out, doc.get("log_dir", "")) + straggler_lines(slow)
+             + membership_lines(history))
     return {"run": run, "nodes": rows, "failed": [r["host"] for r in failed], "failed_first": first,
-            "left_out": left_out, "lost": sorted(lost), "membership": history, "lines": lines}
+            "left_out": left_out, "lost": sorted(lost), "membership": history, "stragglers": slow,
+            "lines": lines}
+
+
+def stragglers(states: dict) -> list[dict]:
+    """The ranks whose newest steps computed straggler_rule.RATIO times the others' median per sequence
+    (each node's run status `speed`), slowest first."""
+    speeds = {(host, rank): (fig or {}).get("compute_ms_per_seq")
+              for host, state in states.items() if state for rank, fig in (state.get("speed") or {}).items()}
+    shares = {(host, rank): (fig or {}).get("share")
+              for host, state in states.items() if state for rank, fig in (state.get("speed") or {}).items()}
+    balanced = len({v for v in shares.values() if v}) > 1  # --balance moved the shares apart
+    return [{"host": host, "rank": int(rank), "times": round(times, 2), "share": shares[host, rank],
+             "ms_per_seq": round(speeds[host, rank], 1), "balanced": balanced}
+            for (host, rank), times in sorted(straggler_rule.named(speeds).items(), key=lambda kv: -kv[1])]
+
+
+def straggler_lines(slow: list[dict]) -> list[str]:
+    out = []
+    for s in slow:
+        fix = (f"ddplab_balance already gives it a smaller share ({s['share']} sequences a step)"
+               if s["balanced"] else "or set ddplab_balance: true (a smaller share of the batch for it)")
+        out.append(f"straggler: {s['host']} (rank {s['rank']}) computes {s['times']:.1f}x the others' median "
+                   f"per sequence over its last {straggler_rule.WINDOW} steps; every rank waits for it: "
+                   f"check its load, power governor ({GOVERNOR_FIX}) and thermals, {fix}")
+    return out
 
 
 def membership_lines(history: list[dict]) -> list[str]:

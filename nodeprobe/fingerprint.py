@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nodeprobe import hashing
+from nodeprobe import cpu_power, hashing
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 DTYPE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "avx512_vnni")
@@ -118,6 +118,7 @@ def cpu_info(threads: int | None) -> dict:
         "physical_source": source,
         "cgroup_cpus": quota,
         "threads": threads,
+        "power": cpu_power.probe(),
     }
 
 

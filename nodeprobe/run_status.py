@@ -8,6 +8,8 @@ newest metrics line's file), now (this node's clock, to compare), last_lines (th
 error (the last `ddplab: error:` line), lost_peer (that line says this rank lost a peer: it is a
 victim, not the cause) and exception (the exception the rank's code raised, with its file:line;
 nodeprobe/rank_error.py), read when the rank did not exit 0.
+speed: {rank: {compute_ms_per_seq, share, steps}} over each rank's newest metrics records (the straggler
+rule's input, judged by ddplab/status.py).
 Progress: step, loss and tokens_per_sec from the built-in trainer's newest metrics line, with total (the
 steps it was given: its out/config.json, else --total-steps); without metrics files (your own code) from
 the lines the code printed into launch.log (nodeprobe/log_metrics.py: the log's first and last 64 KiB;
@@ -141,6 +143,7 @@ def run_status(run_dir: str, socket: str, session: str, wait: float = 0, log_pat
         if rec and (res["step"] is None or rec.get("step", -1) >= res["step"]):
             res.update(step=rec.get("step"), loss=rec.get("loss"), tokens_per_sec=rec.get("tokens_per_sec"))
         res["metrics_time"] = max(filter(None, [res["metrics_time"], mtime(path)]), default=None)
+        res.setdefault("speed", {})[rank_of(path)] = recent_speed(path)
     if res["metrics_time"] is not None:  # the built-in trainer: its own record of the steps it was given
         res["total"] = run_steps(os.path.join(run_dir, "out", "config.json")) or res["total"]
     log = os.path.join(run_dir, "launch.log")
@@ -161,6 +164,33 @@ def run_status(run_dir: str, socket: str, session: str, wait: float = 0, log_pat
         res["exception"] = log_exception(log)
     res["membership"] = membership(os.path.join(run_dir, "out", "membership.jsonl"))
     return res
+
+
+def rank_of(metrics_path: str) -> str:
+    """metrics.rank3.jsonl -> "3" (a JSON key)."""
+    return os.path.basename(metrics_path)[len("metrics.rank"):-len(".jsonl")]
+
+
+def recent_speed(path: str) -> dict:
+    """The rank's median compute ms per sequence over its newest steps, and its last share (the figures the
+    control host's straggler rule compares: trainer/straggler_rule.py)."""
+    from trainer.straggler_rule import WINDOW, per_sequence
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 65536))
+            lines = f.read().decode(errors="replace").splitlines()[1:]  # cut, or step 1 (warm-up)
+    except OSError:
+        lines = []
+    records = []
+    for line in lines[-WINDOW - 1:]:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # the line being written
+    records = records[-WINDOW:]
+    return {"compute_ms_per_seq": per_sequence(records, skip=0), "share": records[-1].get("share") if records
+            else None, "steps": len(records)}
 
 
 def run_steps(path: str) -> int | None:

@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from trainer import straggler_rule
 from trainer.launch_contract import RUN_ID_DOC, is_run_id
 
 # Gradient communication options (trainer/comm.py): torch's DDP comm hooks, or auto (measure, then choose).
@@ -75,7 +76,7 @@ class TrainConfig:
     auto_trial_steps: int = 3
     pg_timeout_s: float = 45.0
     straggler_every: int = 20
-    straggler_ratio: float = 2.0
+    straggler_ratio: float = straggler_rule.RATIO
     balance: bool = False
     balance_every: int = 10
     balance_damping: float = 0.5

@@ -20,6 +20,7 @@ import statistics
 import torch.distributed as dist
 
 from trainer import dist as D
+from trainer.straggler_rule import stragglers
 
 # torch's wrappers around a gloo error in a DDP hook: "Got the following error when running the callback: "
 _WRAPPER = re.compile(r"^(?:Got the following error when running the callback: )?(?:RuntimeError: )?")
@@ -68,17 +69,6 @@ def lost_peer_line(exc: BaseException, me: int, peers: list[dict], master: str =
         return f"lost a peer, one of {who}: {reason}; see their logs"
     listed = ", ".join(f"rank {p['rank']} ({p['host']} {p['addr']})" for p in others)
     return f"lost a peer, one of {listed}: {reason}; see their logs"
-
-
-def stragglers(medians: list[float], ratio: float) -> dict[int, float]:
-    """{rank: its median / the median of the others' medians} for every rank at or above `ratio`."""
-    out = {}
-    for r, m in enumerate(medians):
-        rest = [x for i, x in enumerate(medians) if i != r]
-        base = statistics.median(rest) if rest else 0.0
-        if base > 0 and m / base >= ratio:
-            out[r] = m / base
-    return out
 
 
 class StragglerWatch:

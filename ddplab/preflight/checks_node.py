@@ -4,8 +4,9 @@ dtype, threads, memory, disk."""
 from __future__ import annotations
 
 from ddplab.preflight import memory_fit
-from ddplab.preflight.judge import OK, Judge, gib
+from ddplab.preflight.judge import NA, OK, Judge, gib
 from ddplab.trainer_flags import switch
+from nodeprobe import cpu_power as power_facts
 from nodeprobe import hashing
 
 # A venv with the pinned torch, numpy and pyarrow (shared/notes/simulated-hosts.md: about 945 MB measured).
@@ -97,6 +98,37 @@ def threads(j: Judge, h: str) -> None:
                   f"set ddplab_threads <= {per} (physical cores{' / ranks' if len(share) > 1 else ''})")
     else:
         j.set(h, "threads", OK, f"threads {where} <= {phys} physical cores")
+
+
+def cpu_power(j: Judge, h: str) -> None:
+    """A warning when the node's CPUs are held to a low clock (governor, energy preference) or were thermally
+    throttled: that rank becomes the straggler every other rank waits for. n/a where sysfs exposes neither."""
+    fp = j.need(h, "cpu_power", "fingerprint")
+    if not fp:
+        return
+    facts = (fp.get("cpu") or {}).get("power") or {}
+    if not facts.get("exposed"):
+        j.set(h, "cpu_power", NA, "no cpufreq governor or thermal_throttle counts in /sys on this node")
+        return
+    slow, hot = power_facts.slow_cpus(facts), power_facts.throttled_cpus(facts)
+    found = []
+    if slow:
+        found.append(f"{_cpu_list(slow)} held to a low clock ({next(iter(slow.values()))}): "
+                     f"fix: {power_facts.GOVERNOR_FIX} on {h} (package linux-cpupower; lasts until a reboot)")
+    if hot:
+        found.append(f"{_cpu_list(hot)} thermally throttled ({sum(hot.values())} events since boot): "
+                     f"cool it (air flow, not on a bed, lid open, plugged in); with a slower node set "
+                     "ddplab_balance: true")
+    governors = sorted(set((facts.get("governors") or {}).values()))
+    if found:
+        j.set(h, "cpu_power", OK, "; ".join(found), note="warning")
+    else:
+        j.set(h, "cpu_power", OK, f"governor {', '.join(governors) or 'not exposed'}, no throttling seen")
+
+
+def _cpu_list(cpus: dict) -> str:
+    names = list(cpus)
+    return ", ".join(names) if len(names) <= 4 else f"{len(names)} CPUs ({names[0]}, ...)"
 
 
 def memory(j: Judge, h: str) -> None:

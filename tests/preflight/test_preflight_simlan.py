@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 PORT = 29500
 PREFLIGHT_TIMEOUT = 150  # wall-clock bound of one preflight run on a loaded 2-core box
 HOSTS_FILE = "/etc/hosts"
+CPU0 = "/sys/devices/system/cpu/cpu0"
 CPU_HAS_BF16 = any(f in Path("/proc/cpuinfo").read_text().split() for f in ("avx512_bf16", "amx_bf16"))
 
 
@@ -118,6 +119,15 @@ def assert_fails_with(lab, inventory: Path, expected: set[tuple[str, str]]) -> d
     return verdict
 
 
+def slow_governor(lab, host: str) -> None:
+    """Make cpu0 of `host` read governor `powersave`, as a laptop on battery does. This machine's sysfs (a VM)
+    has no cpufreq folder, so the file is a fake: a copy of cpu0's sysfs folder with
+    cpufreq/scaling_governor added, bind-mounted over /sys/devices/system/cpu/cpu0 in the host's own mount
+    namespace only (the real machine and the other hosts keep theirs); `umount CPU0` there undoes it."""
+    sh(lab, host, f"f=/tmp/fake-cpu0; mkdir -p $f && (cp -r {CPU0}/. $f/ 2>/dev/null || true) && mkdir -p "
+                  f"$f/cpufreq && echo powersave > $f/cpufreq/scaling_governor && mount --bind $f {CPU0}")
+
+
 def fixes(verdict: dict, host: str, check: str) -> tuple[str, str]:
     cell = verdict["hosts"][host][check]
     return cell["detail"], cell["fix"]
@@ -172,7 +182,13 @@ def test_host_faults_are_named_and_prepare_repairs_the_shards(prepared):
         sh(lab, "node2", "ip link add v6a type veth peer name v6b && ip link set v6a up && ip link set v6b up"
                          " && ip addr add 2001:db8::12/64 dev v6a nodad")
         write_hosts(lab, "node2", "2001:db8::12 node2\n" + hosts_before["node2"])
+        slow_governor(lab, "node2")  # a warning, not a failure: the expected FAILs stay as they are
         v = assert_fails_with(lab, inv, expected)
+        cell = v["hosts"]["node2"]["cpu_power"]
+        assert (cell["status"], cell.get("note")) == ("ok", "warning"), cell
+        assert "governor powersave" in cell["detail"]
+        assert "sudo cpupower frequency-set -g performance on node2" in cell["detail"]
+        assert v["hosts"]["node1"]["cpu_power"].get("note") != "warning"
         detail, fix = fixes(v, "node0", "master_port")
         assert f"pid {squatter}" in detail and fix.startswith(f"kill {squatter}")
         assert first in fixes(v, "node0", "data")[0] and last in fixes(v, "node1", "data")[0]
@@ -192,6 +208,7 @@ def test_host_faults_are_named_and_prepare_repairs_the_shards(prepared):
         for h, text in hosts_before.items():
             write_hosts(lab, h, text)
         lab["cluster"].exec("node2", ["ip", "link", "del", "v6a"], timeout=30)
+        lab["cluster"].exec("node2", ["umount", CPU0], timeout=30)
     # shards are prepare's job: it puts back the missing and changed shard and removes the extra one
     prep = playbook("prepare.yml", "--tags", "data", inventory=lab["inv3"], extra=lab["extra"], timeout=300)
     assert prep.returncode == 0, tail(prep)
