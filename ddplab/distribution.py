@@ -10,17 +10,22 @@ SPEC::
     {"setting": "auto" | "star" | "relay",
      "nodes": [{"name": "node0", "local": false, "root": "/root/ddplab",
                 # after roles/relay_ssh probed the node (absent before):
-                "rrsync": "/usr/bin/rrsync", "rsync": "/usr/bin/rsync",
+                "addr": "10.0.0.5", "pubkey": "ssh-ed25519 AAAA...", "rsync": "/usr/bin/rsync",
                 "host_keys": ["10.0.0.5 ssh-ed25519 AAAA..."]}]}
 
-Prints ``{"mode": "star" | "relay", "why": "...", "known_hosts": "..."}``: ``why`` is one line for the
-operator (also when the setting asked for relay and it is not possible); ``known_hosts`` the lab's
-known_hosts for the node-to-node hops (relay only).
+Prints ``{"mode": "star" | "relay", "why": "...", "known_hosts": "...", "peers": [...]}``: ``why`` is one
+line for the operator (also when the setting asked for relay and it is not possible); for relay,
+``known_hosts`` the lab's known_hosts for the node-to-node hops, assembled here from the host key each node
+read from its own SSH server, and ``peers`` each node's ``{"name", "from", "pubkey"}``: the IP addresses its
+hops come from (a host name is resolved here, on the control host: sshd's from= compares addresses) and its
+own relay key's public half, what every other node's authorized_keys line holds.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import sys
 
 from ddplab.errors import DdplabError
@@ -41,13 +46,31 @@ def obstacle(nodes: list[dict]) -> str:
                     "an authorized_keys forced command cannot hold safely")
         if "rsync" in n and not n["rsync"]:
             return f"{n['name']} has no rsync (playbooks/prepare.yml installs it)"
-        if "rrsync" in n and not n["rrsync"]:
-            return (f"{n['name']} has no rrsync (rsync's restricted wrapper, /usr/bin/rrsync in Debian 12's "
-                    "rsync), so the lab key could not be limited to rsync into the lab folder")
         if "host_keys" in n and not n["host_keys"]:
             return (f"{n['name']}'s SSH server did not give its host key to ssh-keyscan on the node itself, "
                     "so the other nodes could not check it")
     return ""
+
+
+def addresses(name: str, addr: str) -> list[str]:
+    """``addr`` as IP addresses: itself when it is one, else what it resolves to on the control host."""
+    try:
+        return [str(ipaddress.ip_address(addr))]
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(addr, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as e:
+        raise DdplabError(f"{name}: its lab address {addr!r} is not an IP address and does not resolve on "
+                          f"the control host ({e}); the relay's authorized_keys lines need addresses: set "
+                          f"ddplab_addr (or ansible_host) of {name} to its IP address") from None
+    return sorted({str(ipaddress.ip_address(info[4][0].split("%")[0])) for info in found})
+
+
+def peers(nodes: list[dict]) -> list[dict]:
+    """Every probed node's name, the addresses its hops come from and its relay key's public half."""
+    return [{"name": n["name"], "from": addresses(n["name"], str(n["addr"])), "pubkey": n.get("pubkey", "")}
+            for n in nodes if "addr" in n]
 
 
 def decide(setting: str, nodes: list[dict]) -> dict:
@@ -66,7 +89,7 @@ def decide(setting: str, nodes: list[dict]) -> dict:
     keys = sorted({line.strip() for n in nodes for line in n.get("host_keys", []) if line.strip()})
     return {"mode": "relay", "why": f"relay: each changed file leaves the control host once, to "
                                     f"{nodes[0]['name']}; the {len(nodes)} nodes pass it on",
-            "known_hosts": "".join(line + "\n" for line in keys)}
+            "known_hosts": "".join(line + "\n" for line in keys), "peers": peers(nodes)}
 
 
 def add_parser(sub):

@@ -8,24 +8,32 @@ not list was hashed equal on it). Each node that still needs a batch gets it fro
 (``pick``); a node receives one batch and sends one batch at a time, so a node passes batch k on while
 batch k+1 is still arriving (a pipelined tree: the senders double each round, and the control host's link
 carries each byte once). A node-to-node copy is rsync run *on the holder* (the control host asks it over its
-usual SSH connection) into the receiver over SSH with the lab's relay key, whose authorized_keys entry only
-lets it rsync into the lab folder (nodeprobe/relay_access.py); the receiver's host key is checked against
-the lab's known_hosts (roles/relay_ssh). ``--partial`` keeps what arrived before an interruption, so the
-next run sends only the rest. A copy already running on a holder finishes even when this job is killed.
+usual SSH connection) into the receiver over SSH with the holder's own relay key, whose line in the
+receiver's authorized_keys only lets it send files, with this hop's exact rsync options, into the
+receiver's staging folder ``<lab folder>/.relay/incoming`` (nodeprobe/relay_access.py, relay_receive.py);
+the receiver's host key is checked against the lab's known_hosts (roles/relay_ssh). Then the control host
+runs the receiver's own step over its usual SSH connection (nodeprobe/relay_take.py, ``take``): each staged
+file moves into place only when its sha256 is the control host's file's, and the rest of the staging folder
+is deleted; only then does the receiver hold the batch (and may pass it on, from its lab folder). So a node
+can give a peer nothing but the files the control host planned. ``--partial`` keeps what arrived before an
+interruption in the staging folder, so the next run sends only the rest. A copy already running on a holder
+finishes even when this job is killed.
 
-A node-to-node copy that fails is sent from the control host instead, and the result names it.
+A node-to-node copy that fails, or a file that arrives different, is sent from the control host instead,
+and the result names it.
 
 SPEC (JSON on stdin)::
 
     {"nodes": [{"name": "node0", "root": "/root/ddplab", "addr": "10.0.0.5",   # lab folder, lab address
                 "conn": {...},                                # as sync_push's conn (Ansible's SSH)
+                "python": "/usr/bin/python3",                 # the node's Python (Ansible's interpreter)
                 "base": "/root/ddplab/data",                  # the node folder dest is relative to
                 "files": [{"src": "/ctl/data/a.bin", "dest": "a.bin"}],   # or names: sync_push.expand
                 "src_dir": ""},
                ...]}
 
 A node whose base is not inside its lab folder (a ddplab_sync_dirs dest elsewhere) gets its files from the
-control host (the relay key may only write into the lab folder); the result names it.
+control host (relay_take.py places files into the lab folder only); the result names it.
 
 FILE is rewritten as ``{"state", "elapsed", "lines": ["node1 <- node0: 40 MiB / 1.0 GiB ...", ...],
 "line"}``. Prints ``{"control_bytes", "sources": {node: "control" | holder}, "fallbacks": [...], "elapsed"}``.
@@ -36,21 +44,29 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
 
+import nodeprobe
 from ddplab import sync_push
 from ddplab.errors import DdplabError
 from ddplab.transfer_progress import Meter
+from nodeprobe.hashing import sha256_file
 
 CONTROL = "control"
-# On every node, under its lab folder: the lab's relay key and the known_hosts of the lab's nodes.
+# On every node, under its lab folder: its own relay key and the known_hosts of the lab's nodes.
 RELAY_DIR = ".relay"
 KEY_FILE = f"{RELAY_DIR}/id_ed25519"
 KNOWN_HOSTS_FILE = f"{RELAY_DIR}/known_hosts"
+# The receiver's step after a hop, shipped alone (its source, then its spec, on stdin; see take_argv).
+TAKE_PROGRAM = Path(nodeprobe.__file__).with_name("relay_take.py")
+# The first characters of stdin are the program: python runs them, the program reads the spec after them.
+TAKE_BOOT = "import sys; exec(compile(sys.stdin.read(int(sys.argv[1])), 'relay_take', 'exec'))"
 CONNECT_TIMEOUT_S = 10
 # Pipelining: the files are sent in about BATCHES batches of at least BATCH_MIN_BYTES each.
 BATCHES = 8
@@ -58,6 +74,8 @@ BATCH_MIN_BYTES = 16 << 20
 # Node-to-node SSH connections are shared between the batches (a socket in the holder's .relay folder,
 # closed this many seconds after the last batch).
 MUX_PERSIST_S = 10
+# The receiver's step hashes a batch (about 1/BATCHES of the files) once.
+TAKE_TIMEOUT_S = 600
 
 
 def under_root(node: dict) -> dict | None:
@@ -95,13 +113,54 @@ def relay_rsh(src: dict, dst: dict) -> str:
 
 
 def hop_argv(src: dict, dst: dict) -> list[str]:
-    """The control host's command: ssh to the holder, which runs rsync into the receiver's lab folder (the
-    receiver's forced command, rrsync, roots every path there: ``addr:`` is the lab folder)."""
+    """The control host's command: ssh to the holder, which runs rsync into the receiver's staging folder
+    (its forced command writes only there, whatever the destination: ``addr:``). The files are chosen by
+    filter rules on stdin (``hop_rules``), not --files-from, which would add -R: the receiver accepts
+    exactly ``rsync --server -trIe.<capabilities> --partial . .`` (nodeprobe/relay_receive.py)."""
     host = f"[{dst['addr']}]" if ":" in dst["addr"] else dst["addr"]
     remote = ["rsync", "--recursive", "--times", "--ignore-times", "--partial", "--from0",
-              "--files-from=-", "--info=progress2", "--no-inc-recursive", "--rsh", relay_rsh(src, dst),
-              src["root"].rstrip("/") + "/", f"{host}:"]
+              "--include-from=-", "--exclude=*", "--info=progress2", "--no-inc-recursive",
+              "--rsh", relay_rsh(src, dst), src["root"].rstrip("/") + "/", f"{host}:"]
     return node_ssh(src) + ["--", shlex.join(remote)]
+
+
+def rule(path: str) -> str:
+    """An rsync filter pattern that matches ``path`` (relative to the transfer's root) and nothing else."""
+    if any(c in path for c in "*?["):  # a backslash escapes only in a pattern that holds a wildcard
+        path = "".join("\\" + c if c in "*?[\\" else c for c in path)
+    return "/" + path
+
+
+def hop_rules(dests: list[str]) -> bytes:
+    """The include rules (NUL-separated) of ``dests`` and of the folders on their way."""
+    rules = set()
+    for dest in dests:
+        parts = dest.strip("/").split("/")
+        rules.update(rule("/".join(parts[:i])) + "/" for i in range(1, len(parts)))
+        rules.add(rule("/".join(parts)))
+    return "".join(r + "\0" for r in sorted(rules)).encode()
+
+
+def take_argv(dst: dict) -> list[str]:
+    """The control host's command for the receiver's own step (nodeprobe/relay_take.py)."""
+    python = str(dst.get("python") or "python3")
+    return node_ssh(dst) + ["--", shlex.join([python, "-I", "-c", TAKE_BOOT, str(len(take_source()))])]
+
+
+def take_source() -> str:
+    return TAKE_PROGRAM.read_text()
+
+
+def take(dst: Node, files: list[dict], keep: list[str]) -> dict:
+    """Run the receiver's step: the staged ``files`` whose sha256 is the control host's go into place."""
+    spec = {"root": dst.spec["root"], "keep": keep,
+            "files": [{"dest": f["dest"], "sha256": dst.sha256(f)} for f in files]}
+    proc = subprocess.run(take_argv(dst.spec), input=take_source() + json.dumps(spec), capture_output=True,
+                          text=True, timeout=TAKE_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise DdplabError(f"placing the relayed files on {dst.name} failed: "
+                          f"{' '.join(proc.stderr.split())[-400:] or f'exit code {proc.returncode}'}")
+    return json.loads(proc.stdout)
 
 
 class Board:
@@ -156,19 +215,34 @@ class Node:
         self.done = 0
         self.meter = Meter(sum(os.path.getsize(f["src"]) for f in spec["files"]), len(spec["files"]),
                            sorted(self.need))
+        self.sums: dict[str, str] = {}
+
+    def sha256(self, f: dict) -> str:
+        """The control host's file's sha256 (its stat cache makes a file hashed by the plan cost nothing)."""
+        if f["src"] not in self.sums:
+            self.sums[f["src"]] = sha256_file(f["src"])
+        return self.sums[f["src"]]
 
     def missing(self) -> int | None:
         return next((b for b in range(len(self.wants)) if b not in self.has), None)
 
 
-def hop(src: Node, dst: Node, files: list[dict], board: Board) -> int:
-    """The holder ``src`` rsyncs ``files`` into ``dst``; the bytes sent."""
-    listing = "".join(str(f["dest"]).lstrip("/") + "\0" for f in files).encode()
+def hop(src: Node, dst: Node, b: int, board: Board) -> int:
+    """The holder ``src`` rsyncs batch ``b`` into ``dst``'s staging folder, and ``dst``'s own step puts
+    what matches the control host's files in place; the bytes sent."""
+    files = dst.wants[b]
+    rules = hop_rules([str(f["dest"]) for f in files])
     with tempfile.TemporaryFile("w+") as err:
-        rc, why = sync_push.stream(hop_argv(src.spec, dst.spec), listing, err, dst.meter, board.start,
+        rc, why = sync_push.stream(hop_argv(src.spec, dst.spec), rules, err, dst.meter, board.start,
                                    dst.done, lambda state: board.update(dst.name, src.name, state))
     if rc != 0:
         raise DdplabError(f"relay {src.name} -> {dst.name} failed: {why}")
+    later = [str(f["dest"]) for files_later in dst.wants[b + 1:] for f in files_later]
+    out = take(dst, files, later)
+    if out["refused"]:
+        shown = "; ".join(f"{r['dest']}: {r['why']}" for r in out["refused"][:3])
+        raise DdplabError(f"relay {src.name} -> {dst.name}: {len(out['refused'])} file(s) not placed "
+                          f"({shown})")
     return sum(os.path.getsize(f["src"]) for f in files)
 
 
@@ -233,7 +307,7 @@ def run_tree(inside: list[dict], board: Board, result: dict) -> None:
                         continue
                     b, files = dst.missing(), dst.wants[dst.missing()]
                     job = (pool.submit(from_control, dst, files, board) if src == CONTROL
-                           else pool.submit(hop, nodes[src], dst, files, board))
+                           else pool.submit(hop, nodes[src], dst, b, board))
                     running[job] = (src, dst.name, b)
                     sending.add(src)
                     receiving.add(dst.name)

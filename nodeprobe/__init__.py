@@ -23,6 +23,9 @@ PROBE_VERSION = 1
 
 # Shipped alone (see above): prereqs (node_prereqs, first of all), hashing (code_sync hashes the node's copy
 # before copying), torch_candidates (torch_env, before any venv), procs (stale_processes, also from stop.yml),
-# site_probe (torch_env: what the node's Python has installed), relay_access (relay_ssh: the lab key's line in
-# authorized_keys), daemons (slurm: munged, slurmctld and slurmd where the node has no systemd).
-SHIPPED_ALONE = ("prereqs", "hashing", "torch_candidates", "procs", "site_probe", "relay_access", "daemons")
+# site_probe (torch_env: what the node's Python has installed), relay_access (relay_ssh: the node's relay key,
+# its peers' authorized_keys lines), relay_receive (relay_ssh writes it: the forced command of those lines),
+# relay_take (shipped by ddplab/relay.py, not a role: a relayed batch into place), daemons (slurm: munged,
+# slurmctld and slurmd where the node has no systemd).
+SHIPPED_ALONE = ("prereqs", "hashing", "torch_candidates", "procs", "site_probe", "relay_access",
+                 "relay_receive", "relay_take", "daemons")

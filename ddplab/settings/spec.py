@@ -203,10 +203,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_distribution", "str", "auto",
             "How the wheels, shards, ddplab_sync_dirs, ddplab_code_include and code reach the nodes: star = "
             "the control host sends each node its copy; relay = each changed file leaves the control host "
-            "once, to the master, and the nodes pass it on (rsync over SSH with a lab key that may only "
-            "rsync into the lab folder, removed by stop.yml -e ddplab_firewall_cleanup=true); auto = relay "
-            "from 3 nodes on. Without node-to-node SSH (a local node, no rrsync) prepare says why and uses "
-            "star.",
+            "once, to the master, and the nodes pass it on (rsync over SSH with each node's own key, which "
+            "may only send files into a peer's staging folder; a file is placed only when its sha256 is "
+            "the control host's; removed by stop.yml -e ddplab_firewall_cleanup=true); auto = relay from 3 "
+            "nodes on. Without node-to-node SSH (a local node, no rsync) prepare says why and uses star.",
             choices=("auto", "star", "relay")),
     Setting("ddplab_code_check", "bool", True,
             "Scan the entry point and the modules it imports (Python ast, nothing run) for what fails on CPU "

@@ -31,18 +31,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 LAB = ("node0", "node1", "node2")
 OUTSIDE = "node3"
 ROOT = "/root/ddplab"  # ddplab_root (~/ddplab) of a root simlan host
-KEY = f"{ROOT}/{relay.KEY_FILE}"
+KEY = f"{ROOT}/{relay.KEY_FILE}"  # each node's own relay key
+STAGED = f"{ROOT}/.relay/incoming/big"  # where node1 receives big.bin before its own step checks it
 BIG_MB = 48
 
 
-def lab_inventory(cluster, folder: Path) -> Path:
-    """The simlan inventory without node3."""
+def lab_inventory(cluster, folder: Path, drop=(OUTSIDE,)) -> Path:
+    """The simlan inventory without node3 (without the ``drop`` nodes)."""
     inv = folder / "inventory"
     (inv / "group_vars" / "all").mkdir(parents=True)
     src = Path(cluster.inventory_dir)
     hosts = yaml.safe_load((src / "hosts.yml").read_text())
     workers = hosts["all"]["children"]["ddplab_nodes"]["children"]["ddplab_workers"]["hosts"]
-    del workers[OUTSIDE]
+    for name in drop:
+        del workers[name]
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     for f in (src / "group_vars" / "all").iterdir():
         (inv / "group_vars" / "all" / f.name).write_text(f.read_text())
@@ -84,10 +86,17 @@ def test_relay_sends_once_and_every_copy_matches(lab):
 def test_check_diff_changes_nothing_and_shows_no_key(lab):
     proc = playbook("prepare.yml", "--check", "--diff", inventory=lab["inv"], extra=lab["extra"], timeout=600)
     assert proc.returncode == 0, tail(proc)
-    assert all(r["changed"] == 0 for r in recap(proc).values()), tail(proc)
+    assert all(r["changed"] == 0 for r in recap(proc).values()), changed_tasks(proc)
     assert "PRIVATE KEY" not in proc.stdout + proc.stderr
-    private = (lab["tmp"] / "runs" / ".relay" / "id_ed25519").read_text().splitlines()[1]
-    assert private not in proc.stdout + proc.stderr
+    for host in LAB:
+        private = lab["cluster"].exec(host, ["cat", KEY], check=True).stdout.splitlines()[1]
+        assert private not in proc.stdout + proc.stderr
+
+
+def changed_tasks(proc) -> list[str]:
+    """Each task that changed a host, with what it printed."""
+    blocks = proc.stdout.split("\nTASK [")
+    return [block[:1500] for block in blocks if "\nchanged: [" in block]
 
 
 def big_spec(lab, folder: Path) -> dict:
@@ -123,21 +132,22 @@ def test_an_interrupted_relay_resumes_and_proves_every_copy(lab, tmp_path):
     proc.stdin.write(spec)
     proc.stdin.close()
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until node1's temporary copy holds some of the file
-        tmp = cluster.exec("node1", ["sh", "-c", f"find {ROOT}/big -name '.big.bin.*' -size +1M"]).stdout
+    while time.monotonic() < deadline:  # until node1's temporary copy (staging folder) holds some of it
+        tmp = cluster.exec("node1", ["sh", "-c", f"find {STAGED} -name '.big.bin.*' -size +1M"]).stdout
         if tmp.strip():
             break
         time.sleep(0.1)
     # The interruption: node1's receiving rsync (the one process writing that temporary file) is ended as a
     # lost link or reboot would, and so is the control host's job (a playbook stopped with Ctrl-C).
-    cluster.exec("node1", ["sh", "-c", f"fuser -k -TERM {ROOT}/big/.big.bin.*"], timeout=30)
+    cluster.exec("node1", ["sh", "-c", f"fuser -k -TERM {STAGED}/.big.bin.*"], timeout=30)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     cluster.exec("node0", ["tc", "qdisc", "del", "dev", "eth0", "root"], check=True)
     time.sleep(2)
-    sizes = {h: cluster.exec(h, ["sh", "-c", f"stat -c %s {ROOT}/big/big.bin 2>/dev/null || echo 0"]).stdout
-             for h in LAB}
+    sizes = {h: cluster.exec(h, ["sh", "-c", f"stat -c %s {where}/big.bin 2>/dev/null || echo 0"]).stdout
+             for h, where in (("node0", f"{ROOT}/big"), ("node1", STAGED))}
     assert int(sizes["node0"]) == BIG_MB << 20 and 0 < int(sizes["node1"]) < BIG_MB << 20, sizes  # --partial
+    assert cluster.exec("node1", ["ls", f"{ROOT}/big/big.bin"]).returncode != 0  # not in place unchecked
     before = tx_bytes()
     again = subprocess.run(argv, cwd=REPO, input=spec, text=True, capture_output=True, timeout=300)
     assert again.returncode == 0, again.stderr
@@ -147,23 +157,105 @@ def test_an_interrupted_relay_resumes_and_proves_every_copy(lab, tmp_path):
         assert cluster.exec(host, ["sha256sum", f"{ROOT}/big/big.bin"], check=True).stdout.split()[0] == want
 
 
-def test_the_lab_key_only_rsyncs_into_the_lab_folder(lab, tmp_path):
+# A rogue node1 uses its own relay key (the one ddplab made for it) against node2. Each attack is a shell
+# command on node1 (RSH: ssh with that key, as the relay's own hop), what it did on the old rrsync line in
+# brackets; each must fail and leave node2's lab folder, its modes and what is outside it as they were.
+SECRET = f"{ROOT}/runs/x/trainer.env"
+ATTACKS = {
+    # [a recursive delete: runs/ replaced by a file]
+    "delete (--force)": "mkdir -p /tmp/f && echo x > /tmp/f/runs && "
+                        "rsync -r --force -e \"$RSH\" /tmp/f/ $PEER:",
+    "delete (--delete)": "mkdir -p /tmp/e/runs && rsync -r --delete -e \"$RSH\" /tmp/e/ $PEER:",
+    # [printed the secrets back]
+    "read (--files-from=:)": "rsync -e \"$RSH\" --files-from=:runs/x/trainer.env $PEER: /tmp/stolen/",
+    "read (sender)": "rsync -r -e \"$RSH\" $PEER:runs/ /tmp/stolen/",
+    # [the lab folder, .relay and the key 777]
+    "chmod (-p)": "mkdir -p /tmp/p && chmod 777 /tmp/p && rsync -rp -e \"$RSH\" /tmp/p/ $PEER:",
+    "chmod (--chmod)": "mkdir -p /tmp/c && rsync -r --chmod=a+rwx -e \"$RSH\" /tmp/c/ $PEER:",
+    # [wrote through node2's own link lab/escape -> /root/outside]
+    "symlink escape (-R --no-implied-dirs)":
+        "mkdir -p /tmp/r/escape && echo x > /tmp/r/escape/pwned && cd /tmp/r && "
+        "rsync -R --no-implied-dirs -e \"$RSH\" escape/pwned $PEER:",
+    "symlink (-l)": "mkdir -p /tmp/l && ln -sfn /root/.ssh /tmp/l/code && "
+                    "rsync -rl -e \"$RSH\" /tmp/l/ $PEER:",
+    # [a .pth in the venv runs as the user at the next launch]
+    "venv .pth plant": "mkdir -p /tmp/v/$SITE && echo 'import os' > /tmp/v/$SITE/zz.pth && "
+                       "rsync -r -e \"$RSH\" /tmp/v/ $PEER:",
+    "write outside (absolute)": "echo x > /tmp/x && rsync -e \"$RSH\" /tmp/x $PEER:/root/.ssh/pwned",
+    "write outside (..)": "echo x > /tmp/x && rsync -e \"$RSH\" /tmp/x $PEER:../pwned",
+    "shell": "$RSH $PEER 'touch /root/pwned; id'",
+}
+# The hop's own options are accepted: a .pth sent with them lands in the staging folder, not in the venv.
+SITE = "venv/lib/python3.11/site-packages"
+HOP_OPTIONS_PTH = ("mkdir -p /tmp/h/$SITE && echo 'import os' > /tmp/h/$SITE/zz.pth && "
+                   "rsync --recursive --times --ignore-times --partial --no-inc-recursive "
+                   "-e \"$RSH\" /tmp/h/ $PEER:")
+
+
+def snapshot(cluster, host: str) -> str:
+    """Every path under the lab folder (but the staging folder) and /root with its type, mode and sha256."""
+    script = (f"find /root -path {ROOT}/.relay/incoming -prune -o -path '{ROOT}/.relay/cm-*' -prune -o "
+              "-path /root/.cache -prune -o -path /root/.ansible -prune -o "
+              "-printf '%p %y %m %s\\n' | sort; "
+              f"find {ROOT}/runs {ROOT}/code {ROOT}/venv/lib -maxdepth 3 -type f -exec sha256sum {{}} + "
+              "| sort")
+    return cluster.exec(host, ["sh", "-c", script], check=True, timeout=120).stdout
+
+
+def attack(cluster, rogue: str, victim: str, command: str) -> subprocess.CompletedProcess:
+    """``command`` on ``rogue`` with RSH its relay key's ssh, each time a new connection (a shared one
+    opened before a prepare removed the key's line lives until it closes: sshd checks keys at login)."""
+    rsh = relay.relay_rsh({"root": ROOT}, {"conn": {"user": "root"}})
+    rsh = shlex.join(["ControlPath=none" if a.startswith("ControlPath=") else a for a in shlex.split(rsh)])
+    env = f"RSH={shlex.quote(rsh)} PEER={cluster.host(victim).addr} SITE={SITE}; "
+    return cluster.exec(rogue, ["sh", "-c", env + command], timeout=60)
+
+
+@pytest.fixture
+def victim(lab):
+    """node2 with a secret in runs/ and a link of its own from the lab folder to a folder outside it."""
+    cluster = lab["cluster"]
+    setup = (f"mkdir -p {ROOT}/runs/x /root/outside && umask 077 && echo SECRET=hunter2 > {SECRET} && "
+             f"ln -sfn /root/outside {ROOT}/escape")
+    cluster.exec("node2", ["sh", "-c", setup], check=True)
+    yield cluster
+    cluster.exec("node2", ["rm", "-rf", f"{ROOT}/runs/x", "/root/outside", f"{ROOT}/escape"], check=True)
+
+
+@pytest.mark.parametrize("what", ATTACKS)
+def test_a_rogue_nodes_relay_key_cannot_change_or_read_a_peer(victim, what):
+    cluster = victim
+    before = snapshot(cluster, "node2")
+    proc = attack(cluster, "node1", "node2", ATTACKS[what])
+    assert proc.returncode != 0, (what, proc.stdout, proc.stderr)
+    assert "hunter2" not in proc.stdout + proc.stderr
+    assert cluster.exec("node1", ["sh", "-c", "cat /tmp/stolen/* /tmp/stolen/*/* 2>/dev/null"]).stdout == ""
+    assert snapshot(cluster, "node2") == before, what
+    assert "ddplab relay: refused" in proc.stderr, proc.stderr
+
+
+def test_the_hops_own_options_reach_the_staging_folder_only(victim, lab):
+    cluster = victim
+    before = snapshot(cluster, "node2")
+    proc = attack(cluster, "node1", "node2", HOP_OPTIONS_PTH)
+    assert proc.returncode == 0, proc.stderr
+    staged = cluster.exec("node2", ["find", f"{ROOT}/.relay/incoming", "-name", "zz.pth"], check=True).stdout
+    assert staged.strip() == f"{ROOT}/.relay/incoming/{SITE}/zz.pth"
+    assert snapshot(cluster, "node2") == before
+    # node2's own step after the next hop deletes what the plan does not name
+    spec = {"root": ROOT, "files": [], "keep": []}
+    node = {"name": "node2", "conn": big_spec(lab, Path("/"))["nodes"][2]["conn"]}
+    src = relay.take_source()
+    done = subprocess.run(relay.take_argv(node), input=src + json.dumps(spec), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert cluster.exec("node2", ["find", f"{ROOT}/.relay/incoming", "-mindepth", "1"]).stdout == ""
+
+
+def test_a_key_from_outside_the_lab_is_refused_by_sshd(lab):
     cluster = lab["cluster"]
     node2 = cluster.host("node2").addr
-    rsh = relay.relay_rsh({"root": ROOT}, {"conn": {"user": "root"}})
-    inside = {
-        "shell": f"{rsh} {node2} 'touch /root/pwned; id'",
-        "write outside": f"echo x > /tmp/x && rsync -e {shlex.quote(rsh)} /tmp/x {node2}:/root/.ssh/pwned",
-        "climb out": f"rsync -e {shlex.quote(rsh)} /tmp/x {node2}:../pwned",
-        "read": f"rsync -e {shlex.quote(rsh)} {node2}:data/ /tmp/stolen/",
-        "delete": f"mkdir -p /tmp/e && rsync -r --delete -e {shlex.quote(rsh)} /tmp/e/ {node2}:data/",
-    }
-    for what, command in inside.items():
-        proc = cluster.exec("node1", ["sh", "-c", command], timeout=60)
-        assert proc.returncode != 0, (what, proc.stdout, proc.stderr)
-    assert cluster.exec("node2", ["ls", "/root/pwned", "/root/.ssh/pwned"]).returncode != 0
-    assert cluster.exec("node2", ["sh", "-c", f"ls {ROOT}/data/*.parquet"]).returncode == 0  # nothing deleted
-    # the same key on a host outside the lab (node3): refused by sshd (from=) before any command
+    # node0's own key on a host outside the lab (node3): refused by sshd (from=) before any command
     key = cluster.exec("node0", ["cat", KEY], check=True).stdout
     cluster.exec(OUTSIDE, ["sh", "-c", "umask 077 && cat > /tmp/stolen_key"], input=key, check=True)
     stolen = ("ssh -i /tmp/stolen_key -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=no "
@@ -172,12 +264,19 @@ def test_the_lab_key_only_rsyncs_into_the_lab_folder(lab, tmp_path):
                     f"echo x > /tmp/x && rsync -e '{stolen}' /tmp/x root@{node2}:x"):
         proc = cluster.exec(OUTSIDE, ["sh", "-c", command], timeout=60)
         assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc.stderr
-    # and the one thing it may do, from inside: write into the lab folder
-    ok = cluster.exec("node1", ["sh", "-c",
-                                f"echo y > /tmp/y && rsync -e {shlex.quote(rsh)} /tmp/y {node2}:y"])
-    assert ok.returncode == 0, ok.stderr
-    assert cluster.exec("node2", ["cat", f"{ROOT}/y"], check=True).stdout == "y\n"
-    cluster.exec("node2", ["rm", f"{ROOT}/y"], check=True)
+
+
+def test_one_key_per_node_and_addresses_only(lab):
+    cluster = lab["cluster"]
+    pubs = {h: cluster.exec(h, ["cat", f"{KEY}.pub"], check=True).stdout.split()[1] for h in LAB}
+    assert len(set(pubs.values())) == len(LAB)  # each node its own key
+    assert not (lab["tmp"] / "runs" / ".relay").exists()  # no lab key on the control host
+    keys = cluster.exec("node2", ["cat", "/root/.ssh/authorized_keys"], check=True).stdout
+    ours = [ln for ln in keys.splitlines() if f"ddplab-relay:{ROOT} " in ln]
+    assert sorted(ln.split()[-1] for ln in ours) == ["node0", "node1"]
+    for line in ours:
+        peer = line.split()[-1]
+        assert line.startswith(f'restrict,from="{cluster.host(peer).addr}",command="') and pubs[peer] in line
 
 
 def test_relay_not_possible_falls_back_to_star_and_says_why(lab):
@@ -191,4 +290,31 @@ def test_relay_not_possible_falls_back_to_star_and_says_why(lab):
             "each node its files (star)") in proc.stdout, tail(proc)
     for host in LAB:
         keys = lab["cluster"].exec(host, ["cat", "/root/.ssh/authorized_keys"], check=True).stdout
-        assert keys.count("ddplab-relay:") == 1 and "ddplab lab" not in keys  # only the lab's own line
+        assert keys.count(f"ddplab-relay:{ROOT} ") == 2 and "ddplab lab" not in keys  # the lab's own lines
+
+
+def test_a_node_that_left_the_inventory_is_refused_after_the_next_prepare(lab, tmp_path):
+    cluster = lab["cluster"]
+    send = "echo y > /tmp/y && rsync --recursive --times --ignore-times --partial -e \"$RSH\" /tmp/y $PEER:"
+    assert attack(cluster, "node2", "node0", send).returncode == 0  # node2 may relay to node0 (staging)
+    # node2 leaves: a relay prepare of node0 and node1 removes its lines; node2's key is then refused by sshd
+    two = lab_inventory(cluster, tmp_path / "two", drop=(OUTSIDE, "node2"))
+    relay_two = {**lab["extra"], "ddplab_distribution": "relay"}
+    proc = playbook("prepare.yml", "--tags", "sync", inventory=two, extra=relay_two, timeout=600)
+    assert proc.returncode == 0, tail(proc)
+    for target in ("node0", "node1"):
+        refused = attack(cluster, "node2", target, send)
+        assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused.stderr
+    assert attack(cluster, "node1", "node0", send).returncode == 0  # the peers that stayed still relay
+    # star removes every line of the lab folder
+    proc = playbook("prepare.yml", "--tags", "sync", inventory=two, extra={**lab["extra"],
+                    "ddplab_distribution": "star"}, timeout=600)
+    assert proc.returncode == 0, tail(proc)
+    assert attack(cluster, "node1", "node0", send).returncode != 0
+    for host in ("node0", "node1"):
+        keys = cluster.exec(host, ["cat", "/root/.ssh/authorized_keys"], check=True).stdout
+        assert "ddplab-relay:" not in keys and cluster.exec(host, ["find", f"{ROOT}/.relay/incoming",
+                                                                   "-mindepth", "1"]).stdout == ""
+    # back to the module's lab (the lines of all three), as the other tests found it
+    proc = playbook("prepare.yml", "--tags", "sync", inventory=lab["inv"], extra=lab["extra"], timeout=600)
+    assert proc.returncode == 0, tail(proc)
