@@ -8,8 +8,9 @@ One simlan cluster of max(--nodes) root hosts, every host's link at --lan (simla
 ``shaped``: the control host's uplink (tc tbf on the bridge ``lab<k>``: what the root namespace sends into
 the LAN) at --uplink, slower than the LAN, as a laptop on Wi-Fi beside a wired lab; ``flat``: the uplink at
 --lan too. The data is --size-mb of random bytes in PARTS files. Node-to-node SSH is set up by the real
-role (``playbooks/prepare.yml --tags data -e ddplab_distribution=relay``: roles/relay_ssh, the lab key
-limited to rrsync into the lab folder). Each timed run sends the data to the first N nodes:
+role (``playbooks/prepare.yml --tags data -e ddplab_distribution=relay``: roles/relay_ssh, each node's own
+key limited to its peers' staging folders; each relayed batch is placed after its sha256 check). Each timed
+run sends the data to the first N nodes:
 
 - star: ``sync_push.push`` to each node at once (as the playbook does with its forks);
 - relay: ``relay.relay`` (control -> node0 once, then the nodes pass it on).

@@ -40,7 +40,7 @@ def obstacle(nodes: list[dict]) -> str:
     for n in nodes:
         if n.get("local"):
             return (f"{n['name']} is reached with ansible_connection=local, so no node can reach it over SSH "
-                    "with the lab key")
+                    "with a relay key")
         if UNSAFE_PATH & set(n["root"]):
             return (f"{n['name']}'s lab folder {n['root']!r} holds a space, comma, quote or backslash, which "
                     "an authorized_keys forced command cannot hold safely")

@@ -99,7 +99,7 @@ def node_ssh(node: dict) -> list[str]:
 
 
 def relay_rsh(src: dict, dst: dict) -> str:
-    """The ssh the holder's rsync uses to reach the receiver: the lab key only, its host key checked."""
+    """The ssh the holder's rsync uses to reach the receiver: its own relay key only, the host key checked."""
     root = src["root"].rstrip("/")
     argv = ["ssh", "-i", f"{root}/{KEY_FILE}", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
             "-o", f"UserKnownHostsFile={root}/{KNOWN_HOSTS_FILE}", "-o", "GlobalKnownHostsFile=/dev/null",
@@ -268,7 +268,7 @@ def relay(spec: dict, progress: str) -> dict:
             result["control_bytes"] += from_control(outside, outside.spec["files"], board)
             result["sources"][node["name"]] = [CONTROL]
             result["fallbacks"].append(f"{node['base']} on {node['name']} is outside its lab folder "
-                                       f"{node['root']}, where the relay key may not write; sent from the "
+                                       f"{node['root']}, where relayed files are not placed; sent from the "
                                        "control host")
     inside = [m for m in inside if m is not None]
     if any(n["files"] for n in inside):

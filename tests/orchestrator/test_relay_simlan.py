@@ -167,7 +167,8 @@ ATTACKS = {
                         "rsync -r --force -e \"$RSH\" /tmp/f/ $PEER:",
     "delete (--delete)": "mkdir -p /tmp/e/runs && rsync -r --delete -e \"$RSH\" /tmp/e/ $PEER:",
     # [printed the secrets back]
-    "read (--files-from=:)": "rsync -e \"$RSH\" --files-from=:runs/x/trainer.env $PEER: /tmp/stolen/",
+    "read (--files-from=:)": "rsync -e \"$RSH\" --files-from=:runs/x/trainer.env /tmp/ $PEER:",
+    "read (--files-from=:, pull)": "rsync -e \"$RSH\" --files-from=:runs/x/trainer.env $PEER: /tmp/stolen/",
     "read (sender)": "rsync -r -e \"$RSH\" $PEER:runs/ /tmp/stolen/",
     # [the lab folder, .relay and the key 777]
     "chmod (-p)": "mkdir -p /tmp/p && chmod 777 /tmp/p && rsync -rp -e \"$RSH\" /tmp/p/ $PEER:",
