@@ -155,12 +155,17 @@ def take(dst: Node, files: list[dict], keep: list[str]) -> dict:
     """Run the receiver's step: the staged ``files`` whose sha256 is the control host's go into place."""
     spec = {"root": dst.spec["root"], "keep": keep,
             "files": [{"dest": f["dest"], "sha256": dst.sha256(f)} for f in files]}
-    proc = subprocess.run(take_argv(dst.spec), input=take_source() + json.dumps(spec), capture_output=True,
-                          text=True, timeout=TAKE_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise DdplabError(f"placing the relayed files on {dst.name} failed: "
-                          f"{' '.join(proc.stderr.split())[-400:] or f'exit code {proc.returncode}'}")
-    return json.loads(proc.stdout)
+    try:
+        proc = subprocess.run(take_argv(dst.spec), input=take_source() + json.dumps(spec),
+                              capture_output=True, text=True, timeout=TAKE_TIMEOUT_S)
+        if proc.returncode == 0:
+            return json.loads(proc.stdout)
+        why = " ".join(proc.stderr.split())[-400:] or f"exit code {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        why = f"no answer within {TAKE_TIMEOUT_S} s"
+    except ValueError:
+        why = f"it printed {proc.stdout[-200:]!r}"
+    raise DdplabError(f"placing the relayed files on {dst.name} failed: {why}")
 
 
 class Board:
@@ -207,15 +212,14 @@ def with_mux(conn: dict, folder: str) -> dict:
 class Node:
     """One node's part of the job: what it needs per batch, the batches it holds, its progress meter."""
 
-    def __init__(self, spec: dict, cuts: list[list[str]]):
-        self.spec, self.name = spec, spec["name"]
+    def __init__(self, spec: dict, cuts: list[list[str]], sums: dict[str, str] | None = None):
+        self.spec, self.name, self.sums = spec, spec["name"], {} if sums is None else sums
         self.need = {f["dest"]: f for f in spec["files"]}
         self.wants = [[self.need[d] for d in cut if d in self.need] for cut in cuts]
         self.has = {b for b, files in enumerate(self.wants) if not files}
         self.done = 0
         self.meter = Meter(sum(os.path.getsize(f["src"]) for f in spec["files"]), len(spec["files"]),
                            sorted(self.need))
-        self.sums: dict[str, str] = {}
 
     def sha256(self, f: dict) -> str:
         """The control host's file's sha256 (its stat cache makes a file hashed by the plan cost nothing)."""
@@ -295,7 +299,8 @@ def run_tree(inside: list[dict], board: Board, result: dict) -> None:
     cuts = batches(inside)
     seed = inside[0]["name"]
     with tempfile.TemporaryDirectory(prefix="ddplab-relay-") as mux:
-        nodes = {n["name"]: Node({**n, "conn": with_mux(n["conn"], mux)}, cuts) for n in inside}
+        sums: dict[str, str] = {}  # each control-side file hashed once, for every receiver
+        nodes = {n["name"]: Node({**n, "conn": with_mux(n["conn"], mux)}, cuts, sums) for n in inside}
         sending, receiving, running = set(), set(), {}
         with ThreadPoolExecutor(max_workers=2 * len(nodes) + 1) as pool:
             while any(n.missing() is not None for n in nodes.values()) or running:

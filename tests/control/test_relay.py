@@ -130,6 +130,18 @@ def test_the_receiver_refuses_with_one_line_and_runs_nothing(tmp_path):
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+def test_take_is_shipped_as_ascii_and_boots_from_stdin(tmp_path):
+    (tmp_path / ".relay" / "incoming").mkdir(parents=True)
+    (tmp_path / ".relay" / "incoming" / "a").write_text("x")
+    assert relay.take_source().isascii()  # its length counts characters: the same on any node's locale
+    argv = relay.take_argv({"conn": {"host": "n1"}, "python": sys.executable})
+    boot = argv[argv.index("--") + 1:]
+    spec = {"root": str(tmp_path), "files": [{"dest": "a", "sha256": hashlib.sha256(b"x").hexdigest()}]}
+    proc = subprocess.run(shlex.split(boot[0]), input=relay.take_source() + json.dumps(spec),
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {"placed": ["a"], "refused": []}, proc.stderr
+
+
 def take(root, files, keep=()):
     return relay_take.take({"root": str(root), "files": files, "keep": list(keep)})
 
