@@ -212,21 +212,21 @@ def attack(cluster, rogue: str, victim: str, command: str) -> subprocess.Complet
     return cluster.exec(rogue, ["sh", "-c", env + command], timeout=60)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def victim(lab):
-    """node2 with a secret in runs/ and a link of its own from the lab folder to a folder outside it."""
+    """node2 with a secret in runs/ and a link of its own from the lab folder to a folder outside it, and
+    how all of it looked before the attacks."""
     cluster = lab["cluster"]
     setup = (f"mkdir -p {ROOT}/runs/x /root/outside && umask 077 && echo SECRET=hunter2 > {SECRET} && "
              f"ln -sfn /root/outside {ROOT}/escape")
     cluster.exec("node2", ["sh", "-c", setup], check=True)
-    yield cluster
+    yield cluster, snapshot(cluster, "node2")
     cluster.exec("node2", ["rm", "-rf", f"{ROOT}/runs/x", "/root/outside", f"{ROOT}/escape"], check=True)
 
 
 @pytest.mark.parametrize("what", ATTACKS)
 def test_a_rogue_nodes_relay_key_cannot_change_or_read_a_peer(victim, what):
-    cluster = victim
-    before = snapshot(cluster, "node2")
+    cluster, before = victim
     proc = attack(cluster, "node1", "node2", ATTACKS[what])
     assert proc.returncode != 0, (what, proc.stdout, proc.stderr)
     assert "hunter2" not in proc.stdout + proc.stderr
@@ -236,8 +236,7 @@ def test_a_rogue_nodes_relay_key_cannot_change_or_read_a_peer(victim, what):
 
 
 def test_the_hops_own_options_reach_the_staging_folder_only(victim, lab):
-    cluster = victim
-    before = snapshot(cluster, "node2")
+    cluster, before = victim
     proc = attack(cluster, "node1", "node2", HOP_OPTIONS_PTH)
     assert proc.returncode == 0, proc.stderr
     staged = cluster.exec("node2", ["find", f"{ROOT}/.relay/incoming", "-name", "zz.pth"], check=True).stdout
@@ -295,6 +294,7 @@ def test_relay_not_possible_falls_back_to_star_and_says_why(lab):
 
 
 def test_a_node_that_left_the_inventory_is_refused_after_the_next_prepare(lab, tmp_path):
+    """The module's last test: it leaves the lab in star (the module's cluster is discarded after it)."""
     cluster = lab["cluster"]
     send = "echo y > /tmp/y && rsync --recursive --times --ignore-times --partial -e \"$RSH\" /tmp/y $PEER:"
     assert attack(cluster, "node2", "node0", send).returncode == 0  # node2 may relay to node0 (staging)
@@ -316,6 +316,3 @@ def test_a_node_that_left_the_inventory_is_refused_after_the_next_prepare(lab, t
         keys = cluster.exec(host, ["cat", "/root/.ssh/authorized_keys"], check=True).stdout
         assert "ddplab-relay:" not in keys and cluster.exec(host, ["find", f"{ROOT}/.relay/incoming",
                                                                    "-mindepth", "1"]).stdout == ""
-    # back to the module's lab (the lines of all three), as the other tests found it
-    proc = playbook("prepare.yml", "--tags", "sync", inventory=lab["inv"], extra=lab["extra"], timeout=600)
-    assert proc.returncode == 0, tail(proc)
