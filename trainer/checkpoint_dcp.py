@@ -7,18 +7,19 @@ the one global data position, rank 0's RNG state, the validation curve, the run'
 exists and every file matches it, so a torn write falls back to the previous one.
 
 No shared storage is assumed: each rank writes its shards into a folder of its own
-(`.step_N.dcp.tmp-rank{R}`), sends the file to rank 0, which assembles the whole checkpoint in its own
-OUT/ckpt and renames it into place; the others remove their folder. On resume rank 0 checks the newest
-checkpoint and sends its files to every rank (each keeps a copy in `.resume.tmp-rank{R}` until loaded);
-DCP then reads, on each rank, the parts of the old shards its new shards cover, whatever the world size
-that wrote them (2 -> 3 ranks). The data position is one global shared-stream position (as --elastic's),
-valid at any world size.
+(`.step_N.dcp.tmp-rank{R}`) and sends the file to rank 0 in 16 MiB pieces; rank 0 assembles the whole
+checkpoint in its own OUT/ckpt and renames it into place; the others remove their folder. On resume rank 0
+checks the newest checkpoint and sends its files to every rank the same way (each keeps a copy in
+`.resume.tmp-rank{R}` until loaded); DCP then reads, on each rank, the parts of the old shards its new
+shards cover, whatever the world size that wrote them (2 -> 3 ranks). The data position is one global
+shared-stream position (as --elastic's), valid at any world size.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import shutil
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
 _NAME = re.compile(r"^step_(\d{6,})\.dcp$")
 MANIFEST = "MANIFEST.sha256"
 RUN_STATE = "run.pt"
+# files travel between ranks in pieces of this size: a rank never holds a whole shard file (the point of
+# sharding is that no node holds the model's state) on top of its shards
+CHUNK_BYTES = 16 << 20
 
 
 def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
@@ -46,6 +51,11 @@ def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
     if not d.is_dir():
         return []
     return sorted((int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)) and p.is_dir())
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def manifest_problem(path: Path) -> str | None:
@@ -56,13 +66,13 @@ def manifest_problem(path: Path) -> str | None:
     for line in man.read_text().splitlines():
         digest, name = line.split("  ", 1)
         f = path / name
-        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+        if not f.is_file() or _sha256(f) != digest:
             return f"{name} is missing or its sha256 differs (torn or corrupt)"
     return None
 
 
 def _write_manifest(folder: Path) -> None:
-    lines = [f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}"
+    lines = [f"{_sha256(f)}  {f.name}"
              for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST]
     checkpoint.atomic_write(folder / MANIFEST, ("\n".join(lines) + "\n").encode())
 
@@ -90,9 +100,8 @@ def save_run(cfg: TrainConfig, parts: Parts, done: int, facts: dict) -> Path | N
     files = D.all_gather_object(sorted(f.name for f in stage.iterdir() if f.is_file()))
     for src in range(1, di.world_size):  # every other rank's shard file(s) to rank 0
         for name in files[src]:
-            data = D.send_bytes_to((stage / name).read_bytes() if di.rank == src else None, src)
-            if di.rank == 0:
-                checkpoint.atomic_write(stage / name, data)
+            if di.rank in (0, src):
+                _send_file(stage / name, src)
     final = None
     if di.rank == 0:
         _write_manifest(stage)
@@ -141,10 +150,50 @@ def _copy_from_rank0(cfg: TrainConfig, path: Path) -> Path:
     names = D.broadcast_object(sorted(f.name for f in path.iterdir() if f.is_file()) if rank == 0 else None)
     folder = path if rank == 0 else _fresh(checkpoint.ckpt_dir(cfg.out) / f".resume.tmp-rank{rank}")
     for name in names:
-        data = D.broadcast_bytes((path / name).read_bytes() if rank == 0 else None)
-        if rank != 0:
-            (folder / name).write_bytes(data)
+        _broadcast_file(path / name if rank == 0 else folder / name)
     return folder
+
+
+def _chunks(size: int) -> list[int]:
+    """The sizes of the pieces a file of `size` bytes travels in."""
+    return [min(CHUNK_BYTES, size - at) for at in range(0, size, CHUNK_BYTES)]
+
+
+def _send_file(path: Path, src: int) -> None:
+    """Rank `src`'s file `path` to rank 0's `path` (in its own folder), in pieces; only the two call it."""
+    sending = D.info().rank == src
+    size = torch.tensor([path.stat().st_size if sending else 0], dtype=torch.int64)
+    if sending:
+        dist.send(size, dst=0)
+    else:
+        dist.recv(size, src=src)
+    with open(path, "rb" if sending else "wb") as f:
+        for n in _chunks(int(size.item())):
+            buf = torch.empty(n, dtype=torch.uint8)
+            if sending:
+                f.readinto(buf.numpy())
+                dist.send(buf, dst=0)
+            else:
+                dist.recv(buf, src=src)
+                f.write(buf.numpy())
+        if not sending:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _broadcast_file(path: Path) -> None:
+    """Rank 0's file to every rank, in pieces: rank 0 reads `path`, the others write theirs."""
+    root = D.info().rank == 0
+    size = torch.tensor([path.stat().st_size if root else 0], dtype=torch.int64)
+    dist.broadcast(size, src=0)
+    with open(path, "rb" if root else "wb") as f:
+        for n in _chunks(int(size.item())):
+            buf = torch.empty(n, dtype=torch.uint8)
+            if root:
+                f.readinto(buf.numpy())
+            dist.broadcast(buf, src=0)
+            if not root:
+                f.write(buf.numpy())
 
 
 def restore(state: dict, parts: Parts) -> None:

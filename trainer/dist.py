@@ -163,21 +163,6 @@ def broadcast_bytes(data: bytes | None, src: int = 0) -> bytes:
     return data if _INFO.rank == src else buf.numpy().tobytes()
 
 
-def send_bytes_to(data: bytes | None, src: int, dst: int = 0) -> bytes | None:
-    """`data` of rank `src` on rank `dst` (None on the others, which do not take part)."""
-    if src == dst or _INFO.rank not in (src, dst):
-        return data if _INFO.rank == dst else None
-    if _INFO.rank == src:
-        dist.send(torch.tensor([len(data)], dtype=torch.int64), dst=dst)
-        dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst=dst)
-        return None
-    n = torch.empty(1, dtype=torch.int64)
-    dist.recv(n, src=src)
-    buf = torch.empty(int(n.item()), dtype=torch.uint8)
-    dist.recv(buf, src=src)
-    return buf.numpy().tobytes()
-
-
 def broadcast_state(state, src: int = 0):
     """Broadcast a nested structure holding tensors: structure as an object, tensors with dist.broadcast.
 
