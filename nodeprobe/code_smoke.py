@@ -18,7 +18,7 @@ process it starts is in one process group, killed at the end, on timeout too.
 A pass is remembered in ``cache`` (the lab folder) under a key of the code hash, entry point, arguments,
 ``ddplab_env``, the torch version and this probe's own source: a relaunch of unchanged code skips it.
 The ranks see the run's layout (``layout``: ``nodes``, the run's node count) and compile into folders
-of their own (``compile_cache``).
+of their own (``compile_cache``), kept after a pass.
 
 Spec keys: python, src, scratch, entrypoint, args, user_env, lab_env, workdir, seconds, steps, threads,
 cache, code_hash_file, nodes, compile_cache.
@@ -124,6 +124,15 @@ def layout(spec: dict, rank: int) -> dict:
             "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
             # ddplab's own names in trainer.env
             "NODE_RANK": str(node), "NNODES": str(nodes), "NPROC_PER_NODE": str(per_node)}
+
+
+def drop_compile_caches(spec: dict) -> None:
+    """Remove the smoke ranks' folders from the lab's compile cache (ddplab made them): ranks killed while
+    compiling leave partly written libraries there (torch builds them in place), which the next smoke run
+    would load. Kept only after a pass, when the ranks had compiled what they ran."""
+    if spec.get("compile_cache"):
+        for rank in range(int(spec.get("world") or WORLD)):
+            shutil.rmtree(Path(spec["compile_cache"]) / f"smoke-rank{rank}", ignore_errors=True)
 
 
 def compile_cache(spec: dict, scratch: Path, rank: int) -> Path:
@@ -414,6 +423,8 @@ def code_smoke(spec: dict) -> dict:
     verdict = judge(run)
     if verdict["verdict"] == "pass" and spec.get("cache"):
         remember(spec["cache"], key)
+    if verdict["verdict"] != "pass":
+        drop_compile_caches(spec)
     ranks = [{k: r.get(k) for k in ("rank", "init", "ddp", "calls", "ops", "returncode", "exit", "done")}
              | {"steps": len(r.get("steps") or []),
                 "ops_before_first_step": (r.get("steps") or [{}])[0].get("ops"),

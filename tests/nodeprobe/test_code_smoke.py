@@ -315,8 +315,9 @@ def descendants(pid: int) -> set[int]:
 
 def test_everything_listens_on_loopback_and_ends_on_timeout(tmp_path):
     """A run that never reaches its steps: while it trains only 127.0.0.1 listens; at the limit every
-    process it started is killed and the verdict is inconclusive."""
-    spec = spec_for("-m pkg.train", tmp_path / "r" / "smoke", seconds=25, steps=10**9)
+    process it started is killed, the verdict is inconclusive and the ranks' compile folders are removed."""
+    spec = spec_for("-m pkg.train", tmp_path / "r" / "smoke", seconds=25, steps=10**9,
+                    compile_cache=str(tmp_path / "compile-cache"))
     spec["args"] = ["--steps", str(10**9)]
     proc = subprocess.Popen([sys.executable, "-m", "nodeprobe", "code-smoke"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, cwd=REPO)
@@ -340,3 +341,5 @@ def test_everything_listens_on_loopback_and_ends_on_timeout(tmp_path):
     assert len(seen["pids"]) >= 3 and len(seen["addrs"]) >= 3, seen  # the store, and gloo on each rank
     assert all(a.startswith("127.0.0.1:") for a in seen["addrs"]), seen["addrs"]
     assert not [p for p in seen["pids"] if os.path.exists(f"/proc/{p}")]  # every process ended
+    # killed ranks may have left half-built libraries: their compile folders go, the lab's folder stays
+    assert list((tmp_path / "compile-cache").iterdir()) == []
