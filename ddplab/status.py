@@ -9,12 +9,13 @@ Input (JSON on stdin), built by roles/launch/tasks/status.yml from the node-side
      "states": {"node0": {...run status...}},            # the asked nodes that answered
      "lost": ["node2"]}                                  # elastic: nodes the wait saw go (optional)
 
-A node outside --limit is "not asked", never "unreachable"; an asked node without a state did not
-answer over SSH. "Failed first" is judged among the nodes whose state is known: an unreachable or
-silently lost node first, else the failed node whose rank did not merely lose a peer (or, a Slurm run, was
-not ended by Slurm because another node of its job failed: NODE_FAIL), earliest exit first (exit_code
-mtimes on the nodes' clocks). When nothing known failed but nodes were left out, the
-failed-first node is unknown, and the output says so.
+A node outside --limit is "not asked", never "not answering"; an asked node without a state did not
+answer over SSH: it is "not answering" (asleep, frozen, off or cut off: not known to have failed), and when
+it stopped the run its line says so instead of "failed first". "Failed first" is judged among the nodes
+whose state is known: a node not answering or silently lost first, else the failed node whose rank did
+not merely lose a peer (or, a Slurm run, was not ended by Slurm because another node of its job failed:
+NODE_FAIL), earliest exit first (exit_code mtimes on the nodes' clocks). When nothing known failed but
+nodes were left out, the failed-first node is unknown, and the output says so.
 With ddplab_elastic a node that went away (``lost``) did not fail the run: the others went on without
 it. Its row says so, and the membership history of the group (from the nodes' membership.jsonl, via
 their run status) is printed: who left, who joined, at which step and how many steps were lost.
@@ -22,7 +23,8 @@ A row's step is `step/total` when the total is known (the built-in trainer's ste
 printed: nodeprobe/log_metrics.py), the step alone otherwise; a running node's row adds its eta when known.
 A failed node's row shows why: its `ddplab: error:` line, else the exception its code raised (`exception`
 of the run status, nodeprobe/rank_error.py), else its last log line.
-Output: JSON {"run", "nodes": [rows], "failed", "failed_first", "lines"} on stdout.
+Output: JSON {"run", "nodes": [rows], "failed", "failed_first", "not_answering", "stragglers", "lines"} on
+stdout.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ from nodeprobe.log_metrics import fmt_duration
 from trainer import straggler_rule
 
 NOT_ASKED = "not asked (left out by --limit)"
-UNREACHABLE = "unreachable"
+# An asked node whose SSH gives no answer: asleep (a closed lid), frozen, switched off or cut off. Not
+# "failed": nothing is known of its rank, which may well run on once it wakes.
+NOT_ANSWERING = "not answering"
+WHY_SILENT = "no answer over SSH: asleep (lid closed), frozen, switched off or cut off"
 VERDICTS = {"running": "running", "not-started": "not started", "stopped": "stopped (stop.yml)",
             "queued": "queued (its Slurm job waits for the nodes)",
             "lost": "failed (no exit code, its tmux pane is gone)"}
@@ -60,8 +65,7 @@ def row_for(host: str, rank, state: dict | None, asked: bool, lost: bool = False
     if not asked:
         return {**row, "verdict": NOT_ASKED}
     if state is None:
-        return {**row, "verdict": UNREACHABLE, "known": True, "failed": True,
-                "last_line": "no answer over SSH (host down, asleep or cut off)"}
+        return {**row, "verdict": NOT_ANSWERING, "known": True, "failed": True, "last_line": WHY_SILENT}
     kind, code = state.get("state"), state.get("code")
     verdict = VERDICTS.get(kind, "finished" if code == 0 else f"failed (exit code {code})")
     if kind == "lost" and state.get("job_state"):  # a Slurm run: no exit code, job over
@@ -100,6 +104,7 @@ def judge(doc: dict) -> dict:
     lines = (render(run, rows, first, left_out, doc.get("log_dir", "")) + straggler_lines(slow)
              + membership_lines(history))
     return {"run": run, "nodes": rows, "failed": [r["host"] for r in failed], "failed_first": first,
+            "not_answering": [r["host"] for r in rows if r["verdict"] == NOT_ANSWERING],
             "left_out": left_out, "lost": sorted(lost), "membership": history, "stragglers": slow,
             "lines": lines}
 
@@ -174,8 +179,13 @@ def render(run: str, rows: list[dict], first: str | None, left_out: list[str], l
     if first:
         r = next(r for r in rows if r["host"] == first)
         among = f" among the nodes asked ({', '.join(left_out)} not asked)" if left_out else ""
-        out.append(f"failed first{among}: {r['host']} (rank {r['rank']}, {r['verdict']})"
-                   + (f": {r['error']}" if r["error"] else ""))
+        if r["verdict"] == NOT_ANSWERING:
+            out.append(f"not answering{among}: {r['host']} (rank {r['rank']}): {WHY_SILENT}; its peers wait "
+                       "for it up to ddplab_pg_timeout, then stop. Wake it (open the lid) and run status.yml "
+                       "again to see its own state")
+        else:
+            out.append(f"failed first{among}: {r['host']} (rank {r['rank']}, {r['verdict']})"
+                       + (f": {r['error']}" if r["error"] else ""))
         for f in rows:
             if f["failed"] and f["lines"]:
                 out.append(f"--- last lines of {f['host']} ({log_dir}/{run}/launch.log):")

@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="bring a killed host back: new PID 1 and sshd, same files and address")
     r.add_argument("node")
 
+    f = sub.add_parser("freeze", help="a lid that closes: stop every process of a host where it is (cgroup "
+                                      "freezer); `thaw` lets them run on")
+    f.add_argument("node")
+    t = sub.add_parser("thaw", help="a lid that opens: the frozen host's processes run on")
+    t.add_argument("node")
+
     s = sub.add_parser("sshd", help="stop, start or restart a host's sshd")
     s.add_argument("node")
     s.add_argument("action", choices=["stop", "start", "restart"])
@@ -144,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
             c = _require_cluster(cluster_mod)
             c.revive_host(args.node)
             print(f"simlan: {args.node}: up again (new PID 1 and sshd, cable in)")
+            return 0
+        if args.command in ("freeze", "thaw"):
+            c = _require_cluster(cluster_mod)
+            (c.freeze_host if args.command == "freeze" else c.thaw_host)(args.node)
+            print(f"simlan: {args.node}: {'frozen' if args.command == 'freeze' else 'thawed'}")
             return 0
         if args.command == "sshd":
             c = _require_cluster(cluster_mod)

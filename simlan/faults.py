@@ -1,4 +1,5 @@
-"""Failures on purpose: a host that dies (`kill_host`) and an sshd that stops, starts or drops its
+"""Failures on purpose: a host that dies (`kill_host`), one that freezes and thaws, as a laptop whose lid
+closes and opens (`freeze_host`, `thaw_host`: simlan.freezer), and an sshd that stops, starts or drops its
 connections (`sshd`)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import os
 import signal
 import time
 
-from simlan import network
+from simlan import freezer, network
 from simlan.defaults import READY_TIMEOUT, SSHD
 from simlan.errors import SimlanError
 from simlan.hosts import Cluster
@@ -52,6 +53,25 @@ def revive_host(cluster: Cluster, name: str, timeout: float = READY_TIMEOUT) -> 
             raise SimlanError(f"{name}: sshd did not answer on {h.addr}:22 within {timeout:g} s after the "
                               "revive")
         time.sleep(0.05)
+
+
+def freeze_host(cluster: Cluster, name: str) -> None:
+    """Stop every process of the host where it is (PID 1 and everything in its PID namespace)."""
+    with locked(cluster.state_dir):
+        h = cluster.host(name)
+        if not h.alive:
+            raise SimlanError(f"{name} is down (its PID 1 is gone); nothing to freeze")
+        h.freezer = freezer.freeze(name, lambda: processes_in_pid_namespace(h.pid1))
+        cluster.save()
+
+
+def thaw_host(cluster: Cluster, name: str) -> None:
+    """Let the host's frozen processes run on; a host never frozen is left as it is."""
+    with locked(cluster.state_dir):
+        h = cluster.host(name)
+        if not h.freezer:
+            raise SimlanError(f"{name} was not frozen; `simlan freeze {name}` freezes it", code=2)
+        freezer.thaw(h.freezer)
 
 
 def sshd(cluster: Cluster, name: str, action: str, *, cut: bool = False,

@@ -31,6 +31,7 @@ class Host:
     killed: bool = False
     cgroup: str | None = None  # its own cgroup when it has a --cpu-quota
     mem_cgroup: str | None = None  # its own memory cgroup when it has a --mem-limit
+    freezer: str | None = None  # its cgroup in the freezer once it was frozen (simlan.freezer)
 
     @property
     def alive(self) -> bool:
@@ -223,6 +224,18 @@ class Cluster:
         from simlan import faults
 
         faults.revive_host(self, name)
+
+    def freeze_host(self, name: str) -> None:
+        """A lid that closes: every process of the host stops where it is (cgroup freezer)."""
+        from simlan import faults
+
+        faults.freeze_host(self, name)
+
+    def thaw_host(self, name: str) -> None:
+        """The lid opens again: the frozen processes run on."""
+        from simlan import faults
+
+        faults.thaw_host(self, name)
 
     def sshd(self, name: str, action: str, *, cut: bool = False, timeout: float = READY_TIMEOUT) -> str:
         """Stop, start or restart the host's sshd (`cut`: also kill its SSH sessions)."""

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from simlan import cpuquota, egress, inventory, memlimit, network, outsider, rootfs
+from simlan import cpuquota, egress, freezer, inventory, memlimit, network, outsider, rootfs
 from simlan.defaults import DEFAULT_INVENTORY, DEFAULT_SYN_RETRIES, READY_TIMEOUT
 from simlan.errors import SimlanError
 from simlan.hostinit import write_host_files
@@ -237,6 +237,7 @@ def _teardown(cluster: Cluster, tools: dict[str, str]) -> None:
     """Remove everything recorded for `cluster`, tolerating what is already gone."""
     ip = tools["ip"]
     for h in cluster.hosts:  # SIGKILL of PID 1 ends every process of the host
+        freezer.thaw(h.freezer)  # a v1-frozen task keeps a SIGKILL pending until it thaws
         kill_recorded(h.pid1, h.pid1_start)
     for h in cluster.hosts:
         wait_gone(h.pid1, h.pid1_start)
@@ -254,6 +255,7 @@ def _teardown(cluster: Cluster, tools: dict[str, str]) -> None:
     for h in cluster.hosts:
         cpuquota.remove(h.cgroup)
         memlimit.remove(h.mem_cgroup)
+        freezer.remove(h.freezer)
     if cluster.inventory_written:
         inventory.remove(cluster.inventory_dir)
     shutil.rmtree(cluster.state_dir, ignore_errors=True)

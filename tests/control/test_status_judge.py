@@ -41,11 +41,16 @@ def test_the_cause_is_named_before_its_victims_and_earliest_exit_first():
     assert "failed first: node2 (rank 2, failed (exit code 1))" in v["lines"]
 
 
-def test_an_asked_node_without_state_is_unreachable_and_failed_first():
+def test_an_asked_node_without_state_is_not_answering_and_named_first():
+    """A node whose SSH gives no answer (a closed lid, frozen, off) is "not answering", not "failed": its line
+    says so, and the ranks that lost it are its victims."""
     v = judge(doc({"node0": state("exited", 1, t=5.0, lost_peer=True), "node1": state("running")}))
     row = v["nodes"][2]
-    assert row["verdict"] == "unreachable" and row["failed"]
+    assert row["verdict"] == "not answering" and v["not_answering"] == ["node2"]
     assert v["failed_first"] == "node2"
+    said = [ln for ln in v["lines"] if ln.startswith("not answering: node2 (rank 2): no answer over SSH")]
+    assert len(said) == 1 and "asleep (lid closed), frozen" in said[0] and "ddplab_pg_timeout" in said[0]
+    assert not any(ln.startswith("failed first") for ln in v["lines"])
 
 
 def test_a_slurm_job_ended_by_a_lost_node_names_that_node_first():
@@ -54,16 +59,17 @@ def test_a_slurm_job_ended_by_a_lost_node_names_that_node_first():
     ended = {**state("lost", step=4), "job_state": "NODE_FAIL"}
     v = judge({**doc({"node0": ended}), "nodes": {"node0": 0, "node1": 1}})
     verdicts = {r["host"]: r["verdict"] for r in v["nodes"]}
-    assert verdicts == {"node0": "failed (no exit code; its Slurm job is NODE_FAIL)", "node1": "unreachable"}
+    assert verdicts == {"node0": "failed (no exit code; its Slurm job is NODE_FAIL)",
+                        "node1": "not answering"}
     assert v["failed"] == ["node1", "node0"] and v["failed_first"] == "node1"
 
 
-def test_limit_marks_left_out_nodes_not_asked_never_unreachable():
+def test_limit_marks_left_out_nodes_not_asked_never_not_answering():
     v = judge(doc({"node0": state("running")}, asked=["node0"]))
     verdicts = {r["host"]: r["verdict"] for r in v["nodes"]}
     assert verdicts == {"node0": "running", "node1": NOT_ASKED, "node2": NOT_ASKED}
     assert v["failed_first"] is None and v["left_out"] == ["node1", "node2"]
-    assert "unreachable" not in "\n".join(v["lines"])
+    assert "not answering" not in "\n".join(v["lines"])
     assert any(ln.startswith("failed first: unknown (node1, node2 not asked") for ln in v["lines"])
 
 

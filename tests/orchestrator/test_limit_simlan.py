@@ -54,7 +54,7 @@ def test_status_limit_lists_the_others_as_not_asked(finished, lab, chosen, other
     got = rows(proc)
     assert got[chosen] == "finished", tail(proc)
     assert got[other] == "not asked (left out by --limit)", tail(proc)
-    assert "unreachable" not in got.values() and "no answer over SSH" not in proc.stdout
+    assert "not answering" not in got.values() and "no answer over SSH" not in proc.stdout
     assert f"failed first: unknown ({other} not asked" in proc.stdout
 
 

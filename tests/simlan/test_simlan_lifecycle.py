@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,39 @@ def test_kill_host_ends_every_process_of_that_host(simlan2, simlan_cluster, siml
         assert simlan2.host("node0").alive
         status = simlan_cli("status")
         assert status.returncode == 1 and "dead" in status.stdout
+    finally:
+        simlan_cluster.discard()
+
+
+def _ticks(cluster, host) -> list[float]:
+    return [float(x) for x in cluster.exec(host, ["cat", "/tmp/ticks"], timeout=30).stdout.split()]
+
+
+def test_freeze_stops_every_process_of_a_host_until_thaw_and_down_removes_it(simlan2, simlan_cluster,
+                                                                            simlan_cli):
+    """A lid that closes: a ticking process inside node1 stops, node1's sshd accepts TCP but says nothing,
+    node0 runs on; after the thaw it ticks again. `down` with a host frozen ends it and removes its cgroup."""
+    try:
+        tick = "while :; do date +%s.%N >> /tmp/ticks; sleep 0.1; done"
+        simlan2.exec("node1", ["bash", "-c", f"setsid bash -c '{tick}' >/dev/null 2>&1 </dev/null &"],
+                     timeout=30, check=True)
+        time.sleep(0.5)
+        assert simlan_cli("freeze", "node1").returncode == 0
+        group = simlan.load().host("node1").freezer
+        before = _ticks(simlan2, "node1")  # exec joins from outside: it runs, the frozen ones do not
+        time.sleep(1.5)
+        assert _ticks(simlan2, "node1") == before
+        status = simlan_cli("status")
+        assert status.returncode == 1 and "not answering" in status.stdout  # sshd frozen: no banner
+        assert simlan2.exec("node0", ["true"], timeout=30).returncode == 0
+        assert simlan_cli("thaw", "node1").returncode == 0
+        time.sleep(0.5)
+        after = _ticks(simlan2, "node1")
+        assert len(after) > len(before) and after[len(before)] - before[-1] >= 1.5  # the gap of the freeze
+        assert simlan_cli("status").returncode == 0
+        assert simlan_cli("freeze", "node1").returncode == 0
+        assert simlan_cli("down").returncode == 0  # while frozen
+        assert not Path(group).exists()
     finally:
         simlan_cluster.discard()
 

@@ -322,12 +322,12 @@ def test_a_node_lost_mid_job_ends_the_job_and_status_names_it(lab):
             job = on_master(c, "squeue -h --states=all --name=ddplab-lost-node -o %T")
         print(f"\nslurm: node1 lost mid-job; the job ended NODE_FAIL {time.monotonic() - t0:.0f} s later")
         status = playbook("status.yml", inventory=inv, extra={"ddplab_run_id": "lost-node"}, timeout=600)
-        assert re.search(r"^\s*\"node1\s+rank 1\s+unreachable", status.stdout, re.M), tail(status)
+        assert re.search(r"^\s*\"node1\s+rank 1\s+not answering", status.stdout, re.M), tail(status)
         # whichever came first: Slurm ended node0's rank (NODE_FAIL), or gloo's timeout did (it lost its peer)
         ended = (r"node0\s+rank 0\s+(failed \(no exit code; its Slurm job is NODE_FAIL\)\s+step \d+/3000"
                  r"|failed \(exit code 1\)\s+step \d+/3000 .*\| ddplab: error: lost peer rank 1 \(node1)")
         assert re.search(ended, status.stdout), tail(status)
-        assert "failed first: node1 (rank 1, unreachable)" in status.stdout, tail(status)
+        assert "not answering: node1 (rank 1): no answer over SSH" in status.stdout, tail(status)
         assert job.split() == ["NODE_FAIL"], job  # ended once, not requeued
     finally:
         c.revive_host("node1")
