@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import json
@@ -214,17 +215,27 @@ def resolve() -> dict:
 
 
 UFW_CONF = "/etc/ufw/ufw.conf"
+UFW_DEFAULTS = "/etc/default/ufw"
 FIREWALLD = ("/usr/sbin/firewalld", "/usr/bin/firewalld")
 
 
-def firewall(conf: str = UFW_CONF) -> dict:
-    """Whether ufw is installed and turned on, read without root (ufw.conf is world-readable; `ufw
-    status` needs root). firewalld's state is not readable without root: only whether it is installed."""
-    out = {"probe": "firewall", "ufw": os.path.exists(conf), "ufw_enabled": None,
-           "firewalld": any(os.path.exists(p) for p in FIREWALLD)}
+def firewall(conf: str = UFW_CONF, defaults: str = UFW_DEFAULTS, firewalld=FIREWALLD) -> dict:
+    """Whether this node drops connections from hosts outside the lab, read without root (`ufw status` and
+    `nft list` need it): ufw installed (ufw.conf), turned on (ENABLED=yes) and its default incoming policy
+    (/etc/default/ufw, world-readable: ACCEPT lets everyone in whatever ddplab's rules say); firewalld
+    installed and, asked over D-Bus, running (``firewalld_running`` None when it cannot be asked)."""
+    out = {"probe": "firewall", "ufw": os.path.exists(conf), "ufw_enabled": None, "ufw_input_policy": None,
+           "firewalld": any(os.path.exists(p) for p in firewalld), "firewalld_running": None}
     if out["ufw"]:
         with open(conf, errors="replace") as f:
             out["ufw_enabled"] = re.search(r"(?m)^\s*ENABLED\s*=\s*yes\b", f.read()) is not None
+        with contextlib.suppress(OSError), open(defaults, errors="replace") as f:
+            policy = re.search(r'(?m)^\s*DEFAULT_INPUT_POLICY\s*=\s*"?(\w+)', f.read())
+            out["ufw_input_policy"] = policy.group(1).upper() if policy else None
+    if out["firewalld"]:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            state = subprocess.run(["firewall-cmd", "--state"], capture_output=True, text=True, timeout=10)
+            out["firewalld_running"] = state.stdout.strip() == "running" if state.stdout.strip() else None
     return out
 
 

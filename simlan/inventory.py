@@ -63,6 +63,11 @@ def write(inv_dir: Path, hosts: list[dict], key: Path, python: str, control_path
     if become_password is not None:
         group_vars["ansible_become_password"] = become_password
         header += STOCK_NOTE
+    else:
+        # Root hosts stand for machines whose owner keeps a firewall: their ufw (installed, off, as on a stock
+        # Ubuntu) is turned on by the first prepare, so runs here are closed to the LAN as ddplab requires
+        # (docs/lab.md); stock hosts stay as installed, to show the refusal and its fixes.
+        group_vars["firewall_enable"] = True
     key_copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     _write(key_copy, key.read_text(), 0o600)
     _write(inv_dir / "group_vars/all/simlan.yml",

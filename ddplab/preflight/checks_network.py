@@ -173,20 +173,46 @@ def tcp(j: Judge) -> None:
         j.fail(who, e["kind"], detail, fix)
 
 
-def firewall_off(j: Judge, h: str) -> str | None:
-    """Why the master port will be open to every host of the network while a run lives, or None (ufw on,
-    firewalld present, nothing known, or every node is this machine)."""
-    fw = j.probe(h, "firewall") or {}
-    if j.all_local or fw.get("probe") != "firewall" or fw.get("firewalld"):
+def lan_exposure(fw: dict) -> str | None:
+    """How this node's ports are open to every host of the network, or None when its firewall drops what
+    ddplab's rules do not let in (ufw on with a deny/reject default, firewalld running or not askable)."""
+    if fw.get("ufw") and fw.get("ufw_enabled"):
+        if fw.get("ufw_input_policy") == "ACCEPT":
+            return "ufw is on but lets every host in (DEFAULT_INPUT_POLICY=\"ACCEPT\" in /etc/default/ufw)"
         return None
-    fix = ("turn it on for the lab: ansible-playbook playbooks/prepare.yml --tags firewall -e "
-           "firewall_enable=true (SSH stays allowed)")
-    if fw.get("ufw") and fw.get("ufw_enabled") is False:
-        return f"ufw is off on {h}: the master port is open to every host of the network during a run; {fix}"
-    if not fw.get("ufw"):
-        return (f"no firewall (ufw, firewalld) on {h}: the master port is open to every host of the network "
-                "during a run; install ufw and " + fix)
-    return None
+    if fw.get("firewalld") and fw.get("firewalld_running") is not False:
+        return None
+    if fw.get("firewalld"):
+        return "firewalld is stopped"
+    if fw.get("ufw"):
+        return "ufw is off"
+    return "no firewall (ufw, firewalld) is installed"
+
+
+def firewall(j: Judge, h: str) -> None:
+    """Closed by default: a node whose firewall lets every host of the network in fails, unless the user
+    chose that (ddplab_open_to_lan). The master port's store unpickles what it is sent and every node's gloo
+    listeners take any connection, so they are the lab's nodes' only (docs/lab.md)."""
+    if j.all_local:
+        j.set(h, "firewall", NA, "every node is this machine")
+        return
+    fw = j.need(h, "firewall", "firewall")
+    if fw is None:
+        return
+    why = lan_exposure(fw)
+    ports = (f"the master port {j.port} and gloo's ports" if h == j.master else "gloo's ports")
+    if why is None:
+        j.set(h, "firewall", OK, f"{'ufw' if fw.get('ufw_enabled') else 'firewalld'} on: {ports} take the "
+                                 "lab's nodes only")
+    elif j.setting(h, "open_to_lan"):
+        j.set(h, "firewall", OK, f"{why} on {h}: {ports} are open to every host of the network during a run, "
+                                 "as ddplab_open_to_lan: true allows", note="warning")
+    else:
+        how = "installs ufw and turns it on" if why.startswith("no firewall") else "turns it on"
+        j.fail(h, "firewall", f"{why} on {h}: {ports} would be open to every host of the network during a "
+                              "run (the master's store runs what it is sent)",
+               f"ansible-playbook playbooks/prepare.yml --tags firewall -e firewall_enable=true  # {how}, SSH "
+               "stays allowed; or set ddplab_open_to_lan: true to run open to the network")
 
 
 def master_port(j: Judge, h: str) -> None:
@@ -197,11 +223,7 @@ def master_port(j: Judge, h: str) -> None:
     if not r:
         return
     if r.get("free") or r.get("nodeprobe_listener"):
-        open_to_all = firewall_off(j, h)
-        if open_to_all:
-            j.set(h, "master_port", OK, f"port {j.port} free on {h}; {open_to_all}", note="warning")
-        else:
-            j.set(h, "master_port", OK, f"port {j.port} free on {h}")
+        j.set(h, "master_port", OK, f"port {j.port} free on {h}")
         return
     holders = r.get("holders") or []
     if not holders:

@@ -11,7 +11,7 @@ from ddplab.preflight.collect import Inputs
 from trainer.launch_contract import MASTER_PORT
 
 CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "cpu_power", "memory", "disk",
-          "code", "data", "sync_dirs", "iface", "hostname", "tcp_master", "tcp_peers", "master_port",
+          "code", "data", "sync_dirs", "iface", "hostname", "tcp_master", "tcp_peers", "master_port", "firewall",
           "stale_processes", "slurm", "gloo_smoke")
 OK, FAIL, SKIP, NA = "ok", "FAIL", "skip", "n/a"
 # Probe errors that mean the node was never prepared (no code or no Python there).

@@ -43,7 +43,8 @@ SMOKE_NEEDS = ("inventory", "ssh", "torch", "gloo", "iface", "hostname", "tcp_ma
 HOST_CHECKS = (checks_node.python, checks_node.torch, checks_node.dtype, checks_node.threads,
                checks_node.cpu_power, checks_node.memory, checks_node.disk, checks_files.code,
                checks_files.data, checks_files.sync_dirs, checks_network.iface,
-               checks_network.hostname, checks_network.master_port, checks_network.stale, checks_slurm.slurm)
+               checks_network.hostname, checks_network.master_port, checks_network.firewall,
+               checks_network.stale, checks_slurm.slurm)
 
 
 def judge(j: Judge) -> dict:

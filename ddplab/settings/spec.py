@@ -165,6 +165,10 @@ SETTINGS: tuple[Setting, ...] = (
             "when a reused ddplab_run_id finds checkpoints)."),
     Setting("ddplab_firewall_cleanup", "bool", False,
             "stop.yml: also remove every firewall rule ddplab added (tagged 'ddplab')."),
+    Setting("ddplab_open_to_lan", "bool", False,
+            "launch.yml: run even where a node's firewall is off (ufw inactive, none installed), its master "
+            "port and gloo's ports open to every host of the network; without it launch refuses such a node "
+            "(preflight's firewall row; prepare -e firewall_enable=true turns the firewall on instead)."),
     Setting("ddplab_replace_running", "bool", False,
             "prepare.yml / launch.yml: also end a live run of this lab (its torchrun still running) on a "
             "node; without it such a run is refused with a message naming it (stop.yml ends it)."),

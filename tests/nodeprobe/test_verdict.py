@@ -73,6 +73,8 @@ def cluster(real, n: int = 2) -> dict:
             "interfaces": [{"name": "lo", "loopback": True, "families": ["ipv4", "ipv6"]},
                            {"name": "eth0", "loopback": False, "families": ["ipv4"]}]}
         files[f"{h}/lab_processes.json"] = {"probe": "lab-processes", "processes": [], "ranks": []}
+        files[f"{h}/firewall.json"] = {"probe": "firewall", "ufw": True, "ufw_enabled": True,
+                                       "ufw_input_policy": "DROP", "firewalld": False, "firewalld_running": None}
         files[f"{h}/gloo_smoke.json"] = {
             "probe": "gloo-smoke", "ok": True, "rank": i, "world": n, "phase": "done",
             "checks": {c: {"ok": True} for c in ("all_reduce_sum", "all_reduce_avg", "broadcast",
@@ -444,19 +446,46 @@ def test_the_disk_check_counts_the_shards_a_node_lacks(real, tmp_path):
     assert f"({need} bytes:" in res["hosts"]["node1"]["disk"]["detail"]
 
 
-def test_an_inactive_firewall_on_the_master_is_a_warning_that_says_how_to_turn_it_on(real, tmp_path, capsys):
+def test_a_node_open_to_the_network_is_refused_with_both_fixes_unless_the_user_chose_it(real, tmp_path, capsys):
+    """Closed by default: ufw off on the master (stock Ubuntu), no firewall on a worker (stock Debian), or a
+    ufw whose default lets everyone in: each such node FAILs the firewall row, naming the node and the two
+    fixes; ddplab_open_to_lan: true turns each into a warning the run goes on with."""
     f = cluster(real)
-    f["node0/firewall.json"] = {"probe": "firewall", "ufw": True, "ufw_enabled": False, "firewalld": False}
+    f["node0/firewall.json"].update(ufw_enabled=False)
+    f["node1/firewall.json"].update(ufw=False, ufw_enabled=None, ufw_input_policy=None)
     rc, res, _ = run_verdict(tmp_path, f)
-    assert rc == 0 and not res["failures"]  # a warning: the run still works
-    cell = res["hosts"]["node0"]["master_port"]
-    assert cell["status"] == "ok" and cell["note"] == "warning"
-    assert "ufw is off on node0: the master port is open to every host of the network" in cell["detail"]
-    assert "-e firewall_enable=true" in cell["detail"]
-    assert "ufw is off on node0" in capsys.readouterr().out
-    f["node0/firewall.json"]["ufw_enabled"] = True
-    rc, res, _ = run_verdict(tmp_path / "on", f)
-    assert rc == 0 and "note" not in res["hosts"]["node0"]["master_port"]
+    assert rc == 1 and failing(res) == {("node0", "firewall"), ("node1", "firewall")}, res["failures"]
+    node0, node1 = res["hosts"]["node0"]["firewall"], res["hosts"]["node1"]["firewall"]
+    assert node0["detail"].startswith("ufw is off on node0: the master port 29500 and gloo's ports would be open "
+                                      "to every host of the network during a run"), node0
+    assert node1["detail"].startswith("no firewall (ufw, firewalld) is installed on node1: gloo's ports"), node1
+    for cell in (node0, node1):
+        assert "-e firewall_enable=true" in cell["fix"] and "ddplab_open_to_lan: true" in cell["fix"]
+    assert "installs ufw and turns it on" in node1["fix"]
+    out = capsys.readouterr().out
+    assert "FAIL node0 firewall: ufw is off on node0" in out and "FAIL node1 firewall: no firewall" in out
+    f["node0/firewall.json"].update(ufw_enabled=True, ufw_input_policy="ACCEPT")
+    rc, res, _ = run_verdict(tmp_path / "accept", f)
+    assert "lets every host in" in res["hosts"]["node0"]["firewall"]["detail"], res["hosts"]["node0"]
+    f["inventory.json"]["open_to_lan"] = True
+    rc, res, _ = run_verdict(tmp_path / "chosen", f)
+    assert rc == 0 and not res["failures"], res["failures"]
+    for h in ("node0", "node1"):
+        assert res["hosts"][h]["firewall"]["note"] == "warning", res["hosts"][h]
+        assert "as ddplab_open_to_lan: true allows" in res["hosts"][h]["firewall"]["detail"]
+
+
+def test_a_node_whose_firewall_is_on_passes_the_firewall_row(real, tmp_path):
+    f = cluster(real)
+    f["node1/firewall.json"].update(ufw=False, firewalld=True, firewalld_running=True)
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 0 and not res["failures"], res["failures"]
+    assert res["hosts"]["node0"]["firewall"] == {
+        "status": "ok", "detail": "ufw on: the master port 29500 and gloo's ports take the lab's nodes only",
+        "fix": ""}
+    f["node1/firewall.json"]["firewalld_running"] = False
+    rc, res, _ = run_verdict(tmp_path / "stopped", f)
+    assert "firewalld is stopped on node1" in res["hosts"]["node1"]["firewall"]["detail"]
 
 
 def test_the_firewall_probe_reads_ufw_conf_without_root(tmp_path):
@@ -467,4 +496,8 @@ def test_the_firewall_probe_reads_ufw_conf_without_root(tmp_path):
     conf.write_text("# /etc/ufw/ufw.conf\n#\nENABLED=no\nLOGLEVEL=low\n")
     assert net.firewall(str(conf))["ufw_enabled"] is False
     conf.write_text("ENABLED=yes\n")
-    assert net.firewall(str(conf)) ["ufw_enabled"] is True
+    assert net.firewall(str(conf))["ufw_enabled"] is True
+    defaults = tmp_path / "ufw"
+    defaults.write_text('IPV6=yes\nDEFAULT_INPUT_POLICY="DROP"\n')
+    assert net.firewall(str(conf), str(defaults))["ufw_input_policy"] == "DROP"
+    assert net.firewall(str(conf), str(tmp_path / "none"), firewalld=())["firewalld"] is False

@@ -118,7 +118,7 @@ def test_inventory_follows_the_contract(simlan2):
     assert nodes["ddplab_workers"]["hosts"] == {
         "node1": {"ansible_host": A1, "ddplab_addr": A1, "ddplab_node_rank": 1}}
     gv = yaml.safe_load((inv / "group_vars/all/simlan.yml").read_text())
-    assert gv["ansible_user"] == "root" and gv["ddplab_simlan"] is True
+    assert gv["ansible_user"] == "root" and gv["ddplab_simlan"] is True and gv["firewall_enable"] is True
     assert "UserKnownHostsFile=/dev/null" in gv["ansible_ssh_common_args"]
     assert gv["ansible_python_interpreter"] == str(Path(sys.prefix) / "bin" / "python")
     key = Path(gv["ansible_ssh_private_key_file"])
