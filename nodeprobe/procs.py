@@ -8,18 +8,21 @@
   (every rank ddplab starts), or when it is a Python/torchrun process running torchrun /
   torch.distributed.run / the trainer module and names the lab folder (leftovers started by hand;
   ``hand_started_rank``): an editor or git working on a file in the lab folder is never one. Prints
-  ``{"found", "live_runs", "refused", "holders", "others", "errors", "killed", "survivors"}``; with
-  errors nothing is signalled.
+  ``{"found", "live_runs", "refused", "holders", "others", "by_hand", "errors", "killed", "survivors"}``;
+  with errors nothing is signalled.
 
 What may be signalled (``decide``, pure, unit-tested):
 - Only processes whose owner (real uid in /proc/<pid>/status) is the probe's user. Another user's
   lab processes are listed in ``others`` and left alone.
+- Only processes ddplab started (DDPLAB_ROOT=<root> in their environment). A torchrun or trainer started
+  by hand in the lab folder is the user's own run, live whatever ddplab recorded: listed in ``by_hand``
+  and left alone, and named as the holder when it listens on the master port.
 - A run is *live* on this node while its launcher lives: a process of that run (DDPLAB_RUN_ID in its
   environment) whose command line is torchrun / torch.distributed.run (the rank's torchrun, or the
   systemd-inhibit wrapper in front of it), not a zombie, whatever its parent. torchrun supervises and
   restarts the ranks, so while it is there the run is in progress. Once it is gone, what is left of the
   run (ranks torchrun left behind: they run in their own session and end up under PID 1 or a
-  subreaper) are leftovers, and so are lab processes with no run id (started by hand).
+  subreaper) are leftovers, and so are ddplab's processes with no run id.
 - prepare (no run id): leftovers are ended; a live run is refused with an error naming the run and
   the node, unless ``--replace`` (ddplab_replace_running=true). stop (``--run-id``): every process of
   that run is ended, live or not.
@@ -203,7 +206,7 @@ def lab_processes(root: str, shared: bool = False) -> dict:
         parent = ppid(pid)
         found.append({"pid": pid, "ppid": parent, "orphan": parent == 1, "cmdline": cmd, "cwd": cwd,
                       "role": _role(cmd), "run": environ(pid).get("DDPLAB_RUN_ID", ""),
-                      "torchrun": bool(LAUNCHER_CMD.search(cmd))})
+                      "torchrun": bool(LAUNCHER_CMD.search(cmd)), "by_ddplab": env_root is not None})
     return {"probe": "lab-processes", "host": socket.gethostname(), "root": lab, "processes": found,
             "ranks": [p["pid"] for p in found if p["role"] in ("rank", "launcher")]}
 
@@ -278,7 +281,8 @@ def run_processes(root: str, run_id: str = "") -> list[dict]:
         if info["root"] == root:
             why = "ddplab rank of this lab"
         elif hand_started_rank(info["cmd"]) and (root + "/") in info["cmd"]:
-            why = "torchrun/trainer command in this lab folder"
+            why = "torchrun/trainer command in this lab folder, started by hand"
+            info["by_hand"] = True
         else:
             continue
         if run_id and info["run"] != run_id:
@@ -309,9 +313,12 @@ def decide(procs: list[dict], listeners: list[dict], uid: int, node: str, port: 
 
     ``procs``: run_processes' lab processes; ``listeners``: port_listeners of the master port; ``uid``: the
     user whose processes may be signalled. Returns ``found`` (to end), ``live_runs`` (refused),
-    ``holders`` (named), ``others`` (another user's lab processes, left alone) and ``errors``.
+    ``holders`` (named), ``others`` (another user's lab processes, left alone), ``by_hand`` (this user's
+    torchrun/trainer started without ddplab: its run is live to ddplab whatever it recorded, left alone)
+    and ``errors``.
     """
-    mine = [p for p in procs if p["uid"] == uid]
+    mine = [p for p in procs if p["uid"] == uid and not p.get("by_hand")]
+    by_hand = [p for p in procs if p["uid"] == uid and p.get("by_hand")]
     others = [p for p in procs if p["uid"] != uid]
     live: dict[str, dict] = {}
     if not run_id:  # stop.yml names its run and ends it live or not; prepare ends leftovers only
@@ -346,7 +353,7 @@ def decide(procs: list[dict], listeners: list[dict], uid: int, node: str, port: 
             f"processes, never {kind}; end it yourself (kill {h['pid'] or 'PID'}, as its owner) or choose "
             f"another port (-e ddplab_master_port=N)")
     return {"found": found, "live_runs": sorted(live), "refused": refused, "holders": holders,
-            "others": others, "errors": errors}
+            "others": others, "by_hand": by_hand, "errors": errors}
 
 
 def alive(pid: int) -> bool:

@@ -5,10 +5,11 @@ there, as someone on the same network who is not one of the lab's machines would
     with outsider(cluster, programs_of="node1") as argv:
         subprocess.run(argv + ["bash", "-s"], input=script, ...)
 
-The outside host is a network namespace of its own joined to the bridge; its commands see the root
-filesystem of the stock host `programs_of` (its installed packages, its /tmp) through that host's mount
-namespace, but none of its network. The namespace is recorded in the cluster's state while it exists,
-so `simlan down` removes it too if a test dies inside the block."""
+The outside host is a network namespace of its own joined to the bridge; on stock hosts its commands see
+the root filesystem of the stock host `programs_of` (its installed packages, its /tmp) through that host's
+mount namespace, but none of its network; beside root hosts (which share this machine's files) they run
+with this machine's files, as root hosts do (`programs_of` None). The namespace is recorded in the
+cluster's state while it exists, so `simlan down` removes it too if a test dies inside the block."""
 
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ def address() -> str:
 
 
 @contextlib.contextmanager
-def outsider(cluster: Cluster, *, programs_of: str) -> Iterator[list[str]]:
+def outsider(cluster: Cluster, *, programs_of: str | None = None) -> Iterator[list[str]]:
     """The argv prefix that runs a command on the outside host, for the duration of the block."""
-    if not cluster.stock:
-        raise SimlanError("an outside host runs a stock host's programs: make the cluster with up --stock")
-    host = cluster.host(programs_of)
-    if not host.alive:
+    if cluster.stock != (programs_of is not None):
+        raise SimlanError("an outside host runs a stock host's programs (programs_of=<host>) on stock hosts, "
+                          "this machine's beside root hosts (no programs_of)")
+    host = cluster.host(programs_of) if programs_of else None
+    if host is not None and not host.alive:
         raise SimlanError(f"{programs_of} is down: the outside host runs its programs")
     ip = require()["ip"]
     with locked(cluster.state_dir):
@@ -44,9 +46,9 @@ def outsider(cluster: Cluster, *, programs_of: str) -> Iterator[list[str]]:
                               f"outside host?); remove it: ip netns del {network.netns_name(NAME)}")
         _record(cluster, True)
         network.create_host_link(ip, "", NAME, address(), None)
+    net = f"--net=/run/netns/{network.netns_name(NAME)}"
     try:
-        yield ["nsenter", "-t", str(host.pid1), "-m", "-r", f"--net=/run/netns/{network.netns_name(NAME)}",
-               "--"]
+        yield ["nsenter", "-t", str(host.pid1), "-m", "-r", net, "--"] if host else ["nsenter", net, "--"]
     finally:
         remove(cluster)
 

@@ -211,8 +211,8 @@ def firewall(j: Judge, h: str) -> None:
         how = "installs ufw and turns it on" if why.startswith("no firewall") else "turns it on"
         j.fail(h, "firewall", f"{why} on {h}: {ports} would be open to every host of the network during a "
                               "run (the master's store runs what it is sent)",
-               f"ansible-playbook playbooks/prepare.yml --tags firewall -e firewall_enable=true  # {how}, SSH "
-               "stays allowed; or set ddplab_open_to_lan: true to run open to the network")
+               "ansible-playbook playbooks/prepare.yml --tags firewall -e firewall_enable=true  "
+               f"# {how}, SSH stays allowed; or set ddplab_open_to_lan: true to run open to the network")
 
 
 def master_port(j: Judge, h: str) -> None:
@@ -242,6 +242,15 @@ def stale(j: Judge, h: str) -> None:
         return
     procs = r.get("processes") or []
     stale = [p for p in procs if p.get("role") in ("rank", "launcher")]
+    # started by hand in the lab folder (no DDPLAB_ROOT): the user's own run, never ended by ddplab
+    by_hand = [p for p in stale if p.get("by_ddplab") is False]
+    if by_hand:
+        pids = " ".join(str(p["pid"]) for p in by_hand)
+        j.fail(h, "stale_processes", f"{len(by_hand)} process(es) started by hand run in the lab folder on "
+                                     f"{h} (pid {pids}: {by_hand[0]['cmdline'][:80]}); ddplab leaves them "
+                                     "running",
+               f"kill {pids}  # on {h}, once that run is done")
+        return
     # a run whose torchrun still runs is live (nodeprobe/procs.py): prepare refuses it, it is not a leftover
     live = sorted({p["run"] for p in stale if p.get("run") and p.get("torchrun") and not p.get("orphan")})
     if live:

@@ -285,6 +285,38 @@ def test_another_users_port_holder_is_named_by_a_root_scan_for_the_login_user(tm
     assert squatter.poll() is None
 
 
+def test_a_torchrun_started_by_hand_in_the_lab_folder_is_left_alone_and_named(tmp_path, children):
+    """A torchrun the user started by hand in the lab folder (no DDPLAB_ROOT, no run id) is their live run:
+    prepare (also with replace) leaves it running and names it; a leftover rank ddplab started is still
+    ended; when it holds the master port it is named as the holder, not ended. The old code took it for a
+    leftover (no run id: not live) and killed it."""
+    lab = tmp_path / "lab"
+    (lab / "code").mkdir(parents=True)
+    script = lab / "code" / "train.py"
+    script.write_text("import socket, sys, time\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+                      "open(sys.argv[1], 'w').write(str(s.getsockname()[1])); time.sleep(120)\n")
+    port_file = tmp_path / "port"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPLAB_")}
+    # the real torchrun, as a user types it in the lab folder
+    by_hand = subprocess.Popen([str(Path(sys.executable).parent / "torchrun"), "--standalone",
+                                "--nproc-per-node=1", str(script), str(port_file)], cwd=str(lab), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    leftover = _spawn(SLEEP, lab, "run-dead")
+    children += [by_hand, leftover]
+    port = _port_of(port_file)
+    r = _procs_alone(tmp_path, "--root", str(lab), "--kill", "--replace", "--grace", "2")
+    assert r["errors"] == [] and [p["pid"] for p in r["killed"]] == [leftover.pid], r
+    assert by_hand.pid in {p["pid"] for p in r["by_hand"]}, r["by_hand"]
+    assert all("started by hand" in p["why"] for p in r["by_hand"])
+    assert by_hand.poll() is None, "the hand-started torchrun was killed"
+    # its rank listens on the master port: named (by PID and command line) as another program's, not ended
+    held = _procs_alone(tmp_path, "--root", str(lab), "--port", port, "--node", "node0", "--kill")
+    assert held["killed"] == [] and "never another program" in held["errors"][0], held
+    assert f"{script}" in held["errors"][0]
+    assert by_hand.poll() is None
+    os.killpg(by_hand.pid, 9)
+
+
 def test_only_torchrun_and_trainer_commands_count_as_hand_started_ranks():
     lab = "/home/u/ddplab"
     assert procs.hand_started_rank(f"/usr/bin/python3 /home/u/.venv/bin/torchrun -m trainer --data {lab}")

@@ -74,7 +74,8 @@ def cluster(real, n: int = 2) -> dict:
                            {"name": "eth0", "loopback": False, "families": ["ipv4"]}]}
         files[f"{h}/lab_processes.json"] = {"probe": "lab-processes", "processes": [], "ranks": []}
         files[f"{h}/firewall.json"] = {"probe": "firewall", "ufw": True, "ufw_enabled": True,
-                                       "ufw_input_policy": "DROP", "firewalld": False, "firewalld_running": None}
+                                       "ufw_input_policy": "DROP", "firewalld": False,
+                                       "firewalld_running": None}
         files[f"{h}/gloo_smoke.json"] = {
             "probe": "gloo-smoke", "ok": True, "rank": i, "world": n, "phase": "done",
             "checks": {c: {"ok": True} for c in ("all_reduce_sum", "all_reduce_avg", "broadcast",
@@ -280,6 +281,18 @@ def test_a_live_run_is_named_as_running_not_as_a_leftover(real, tmp_path):
         "ansible-playbook playbooks/stop.yml -e ddplab_run_id=run-a")
 
 
+def test_a_torchrun_started_by_hand_is_named_and_not_offered_to_prepare(real, tmp_path):
+    f = cluster(real)
+    f["node1/lab_processes.json"]["processes"] = [
+        {"pid": 800, "ppid": 1, "orphan": True, "role": "rank", "run": "", "torchrun": True,
+         "by_ddplab": False, "cmdline": "python /home/u/.venv/bin/torchrun --standalone /home/u/ddplab/code/train.py"}]
+    rc, res, _ = run_verdict(tmp_path, f)
+    assert rc == 1 and failing(res) == {("node1", "stale_processes")}
+    assert "started by hand run in the lab folder on node1 (pid 800" in \
+        res["hosts"]["node1"]["stale_processes"]["detail"]
+    assert fix_of(res, "node1", "stale_processes") == "kill 800  # on node1, once that run is done"
+
+
 def test_iface_faults(real, tmp_path):
     f = cluster(real, 3)
     f["node1/iface.json"].update(dev="wlan0", src="192.168.5.3", same_subnet=False)
@@ -446,7 +459,7 @@ def test_the_disk_check_counts_the_shards_a_node_lacks(real, tmp_path):
     assert f"({need} bytes:" in res["hosts"]["node1"]["disk"]["detail"]
 
 
-def test_a_node_open_to_the_network_is_refused_with_both_fixes_unless_the_user_chose_it(real, tmp_path, capsys):
+def test_a_node_open_to_the_network_is_refused_with_both_fixes_unless_chosen(real, tmp_path, capsys):
     """Closed by default: ufw off on the master (stock Ubuntu), no firewall on a worker (stock Debian), or a
     ufw whose default lets everyone in: each such node FAILs the firewall row, naming the node and the two
     fixes; ddplab_open_to_lan: true turns each into a warning the run goes on with."""
@@ -456,9 +469,10 @@ def test_a_node_open_to_the_network_is_refused_with_both_fixes_unless_the_user_c
     rc, res, _ = run_verdict(tmp_path, f)
     assert rc == 1 and failing(res) == {("node0", "firewall"), ("node1", "firewall")}, res["failures"]
     node0, node1 = res["hosts"]["node0"]["firewall"], res["hosts"]["node1"]["firewall"]
-    assert node0["detail"].startswith("ufw is off on node0: the master port 29500 and gloo's ports would be open "
-                                      "to every host of the network during a run"), node0
-    assert node1["detail"].startswith("no firewall (ufw, firewalld) is installed on node1: gloo's ports"), node1
+    assert node0["detail"].startswith("ufw is off on node0: the master port 29500 and gloo's ports would be "
+                                      "open to every host of the network during a run"), node0
+    assert node1["detail"].startswith("no firewall (ufw, firewalld) is installed on node1: gloo's ports"), \
+        node1
     for cell in (node0, node1):
         assert "-e firewall_enable=true" in cell["fix"] and "ddplab_open_to_lan: true" in cell["fix"]
     assert "installs ufw and turns it on" in node1["fix"]

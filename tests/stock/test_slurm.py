@@ -41,7 +41,11 @@ def lab(stock_hosts, tmp_path_factory):
     settings = {"ddplab_scheduler": "slurm", "ddplab_data_dir": str(make_shards(tmp_path_factory.getbasetemp()
                                                                                 / "shards")),
                 "ddplab_runs_dir": str(runs), "ddplab_threads": 1, "ddplab_wait_poll": 5,
-                "ddplab_trainer_steps": 5}
+                "ddplab_trainer_steps": 5,
+                # the hosts stay as their user keeps them, open to the LAN (node0's ufw off, node1's off or
+                # none): said so explicitly, since launch refuses them otherwise; the munge key is what keeps
+                # others out of Slurm (test_a_host_outside_the_lab_can_neither_run_a_job_nor_join)
+                "ddplab_open_to_lan": True}
     settings_file = c.inventory_dir / "group_vars" / "all" / "ddplab.yml"
     settings_file.write_text(yaml.safe_dump(settings))
     try:
@@ -256,9 +260,9 @@ kill "$munged"; wait "$munged" 2>/dev/null; rm -rf "$d"
 
 def test_a_host_outside_the_lab_can_neither_run_a_job_nor_join(lab):
     """No one let in. Slurm's ports answer the whole LAN here (node0's ufw is off as its user keeps it,
-    node1 has no firewall), so the munge key is what keeps others out. A real attempt from a host outside
-    the inventory (simlan.outsider): slurmctld refuses each request as not signed by the lab's key, no job
-    exists and nothing ran, node1 is still the lab's own."""
+    node1's is off or absent; ddplab_open_to_lan), so the munge key is what keeps others out. A real attempt
+    from a host outside the inventory (simlan.outsider): slurmctld refuses each request as not signed by the
+    lab's key, no job exists and nothing ran, node1 is still the lab's own."""
     c = lab["cluster"]
     log = ["cat", "/var/log/slurm/slurmctld.log"]  # root's to read
     log_lines = len(c.exec("node0", log, check=True).stdout.splitlines())

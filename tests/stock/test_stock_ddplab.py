@@ -3,7 +3,9 @@ sudo password, no tmux/venv/torch/ufw, the stock 127.0.1.1 line, PyPI out of rea
 trained run by the README's commands, as `lab`, with become only where root is needed.
 
 One cluster serves the module, in order: prepare --check (nothing changes), prepare twice (changed>0,
-then 0), launch, firewall turned on, firewall cleanup; then sudo's password typed at --ask-become-pass (and
+then 0), a default launch refused (the hosts are open to the LAN: an outsider's knock on the master port),
+a launch with firewall_enable (ufw turned on, installed on node1), an outsider dropped during a run,
+firewall turned on, firewall cleanup; then sudo's password typed at --ask-become-pass (and
 a vaulted one), a live run of another id that prepare refuses unless replace is asked, and root's listener
 on the master port named, not killed. node0 starts with ufw installed, inactive, holding the user's own
 `limit 22/tcp`.
@@ -26,6 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simlan.outsider import outsider
 from tests.helpers.firewall import ephemeral_ports, peer_rules
 from tests.helpers.playbooks import BIN, REPO, make_shards, playbook, recap, tail
 
@@ -129,20 +132,96 @@ def test_inactive_ufw_stays_off_with_the_peer_rule_and_the_limit_rule_kept(stock
     assert "node1: neither ufw nor firewalld is installed" in prepared[0].stdout
 
 
-def test_launch_trains_across_both_stock_hosts(stock, prepared):
+# A host on the LAN that is no node (simlan.outsider) knocks on the master port for up to `seconds`: it prints
+# "connected" as soon as a connection is accepted, else how the last attempt failed.
+KNOCK = """
+import socket, sys, time
+addr, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline, last = time.monotonic() + seconds, "no attempt"
+while time.monotonic() < deadline:
+    try:
+        socket.create_connection((addr, port), timeout=3).close()
+        print("connected"); sys.exit(0)
+    except OSError as e:
+        last = f"{type(e).__name__}: {e}"
+    time.sleep(0.5)
+print(last)
+"""
+
+
+def knock(c, addr: str, seconds: float) -> str:
+    """What a host outside the lab gets from the master port (node0's address), as it would try."""
+    with outsider(c, programs_of="node1") as argv:
+        got = subprocess.run(argv + ["python3", "-c", KNOCK, addr, "29500", str(seconds)],
+                             capture_output=True, text=True, timeout=seconds + 60)
+    return got.stdout.strip() + got.stderr[-500:]
+
+
+def test_a_default_launch_is_refused_where_the_lan_could_reach_the_master_port(stock, prepared):
+    """Closed by default (attack: a LAN host outside the inventory connects to the master port of a default
+    run). node0's ufw is installed and off (a stock Ubuntu), node1 has none (a stock Debian): the old code
+    started the run and the outsider's connection to the store was accepted. Now launch refuses, naming each
+    node and both fixes, and nothing listens for the outsider to reach."""
     assert prepared[0].returncode == 0, tail(prepared[0])
-    extra = {**stock["extra"], "ddplab_wait": "true", "ddplab_trainer_steps": 3, "ddplab_run_id": "stock-a"}
+    c, addr = stock["cluster"], stock["addr"]
+    extra = {**stock["extra"], "ddplab_trainer_steps": 100000, "ddplab_run_id": "stock-open"}
+    try:
+        run = playbook("launch.yml", inventory=stock["inv"], extra=extra, timeout=600)
+        got = knock(c, addr["node0"], 15)
+        assert got != "connected", "a host outside the lab connected to the master port of a default run"
+        assert run.returncode != 0, tail(run)
+        for line in ("FAIL node0 firewall: ufw is off on node0: the master port 29500 and gloo's ports would "
+                     "be open to every host of the network during a run",
+                     "FAIL node1 firewall: no firewall (ufw, firewalld) is installed on node1: gloo's ports"):
+            assert line in run.stdout, tail(run)
+        assert run.stdout.count("-e firewall_enable=true") >= 2 and "ddplab_open_to_lan: true" in run.stdout
+        assert torchrun_pids(c, "node0", "stock-open") == []
+    finally:  # the old code's run would hold the master port for the tests after
+        if any(run_pids(c, h, "stock-open") for h in ("node0", "node1")):
+            playbook("stop.yml", inventory=stock["inv"], timeout=300,
+                     extra={**stock["extra"], "ddplab_run_id": "stock-open"})
+
+
+def test_launch_with_firewall_enable_trains_across_both_stock_hosts(stock, prepared):
+    """The first fix the refusal names, given at launch: ufw turned on at node0, installed and turned on at
+    node1 (SSH stays allowed); the healthy lab then trains."""
+    assert prepared[0].returncode == 0, tail(prepared[0])
+    extra = {**stock["extra"], "ddplab_wait": "true", "ddplab_trainer_steps": 3, "ddplab_run_id": "stock-a",
+             "firewall_enable": "true"}
     t0 = time.monotonic()
-    run = playbook("launch.yml", inventory=stock["inv"], extra=extra, timeout=600)
-    print(f"\nstock hosts: launch.yml on prepared hosts, 3 steps, to the collected report: "
-          f"{time.monotonic() - t0:.0f} s")
+    run = playbook("launch.yml", inventory=stock["inv"], extra=extra, timeout=900)
+    print(f"\nstock hosts: launch.yml on prepared hosts (turning the firewall on), 3 steps, to the collected "
+          f"report: {time.monotonic() - t0:.0f} s")
     assert run.returncode == 0, tail(run, 120)
+    assert all(ufw_active(stock["cluster"], h) for h in ("node0", "node1"))
     summary = json.loads((stock["extra"]["ddplab_runs_dir"] / "stock-a" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["byte_equivalent"] is True
     assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
     for host in ("node0", "node1"):
         mode = as_lab(stock["cluster"], host, "stat -c '%a %U' ~/ddplab/runs/stock-a/trainer.env")
         assert mode.stdout.split() == ["600", "lab"], mode.stderr
+
+
+def test_a_lan_host_outside_the_lab_cannot_reach_the_master_port_of_a_run(stock, prepared):
+    """The firewall on, a run training: the master port answers its peer (the run trains) and drops the host
+    outside the inventory."""
+    assert prepared[0].returncode == 0, tail(prepared[0])
+    c, addr = stock["cluster"], stock["addr"]
+    extra = {**stock["extra"], "ddplab_trainer_steps": 100000, "ddplab_run_id": "stock-closed"}
+    try:
+        run = playbook("launch.yml", inventory=stock["inv"], extra=extra, timeout=600)
+        assert run.returncode == 0, tail(run)
+        deadline = time.monotonic() + 120
+        metrics = "~/ddplab/runs/stock-closed/out/metrics.rank0.jsonl"
+        while not re.search(r'"step": [1-9]', as_lab(c, "node0", f"cat {metrics} 2>/dev/null; true").stdout):
+            assert time.monotonic() < deadline, "the run did not train a step"
+            time.sleep(2)
+        assert ":29500" in c.exec("node0", ["ss", "-Htln"], timeout=30).stdout
+        got = knock(c, addr["node0"], 8)
+        assert got.startswith(("TimeoutError", "ConnectionRefusedError")), got
+    finally:
+        playbook("stop.yml", inventory=stock["inv"], timeout=300,
+                 extra={**stock["extra"], "ddplab_run_id": "stock-closed"})
 
 
 def test_firewall_enable_turns_ufw_on_and_adds_no_ssh_rule(stock, prepared):
