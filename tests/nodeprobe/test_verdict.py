@@ -285,7 +285,8 @@ def test_a_torchrun_started_by_hand_is_named_and_not_offered_to_prepare(real, tm
     f = cluster(real)
     f["node1/lab_processes.json"]["processes"] = [
         {"pid": 800, "ppid": 1, "orphan": True, "role": "rank", "run": "", "torchrun": True,
-         "by_ddplab": False, "cmdline": "python /home/u/.venv/bin/torchrun --standalone /home/u/ddplab/code/train.py"}]
+         "by_ddplab": False,
+         "cmdline": "python /home/u/.venv/bin/torchrun --standalone /home/u/ddplab/code/train.py"}]
     rc, res, _ = run_verdict(tmp_path, f)
     assert rc == 1 and failing(res) == {("node1", "stale_processes")}
     assert "started by hand run in the lab folder on node1 (pid 800" in \
