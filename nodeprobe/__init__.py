@@ -26,6 +26,6 @@ PROBE_VERSION = 1
 # site_probe (torch_env: what the node's Python has installed), relay_access (relay_ssh: the node's relay key,
 # its peers' authorized_keys lines), relay_receive (relay_ssh writes it: the forced command of those lines),
 # relay_take (shipped by ddplab/relay.py, not a role: a relayed batch into place), daemons (slurm: munged,
-# slurmctld and slurmd where the node has no systemd).
-SHIPPED_ALONE = ("prereqs", "hashing", "torch_candidates", "procs", "site_probe", "relay_access",
+# slurmctld and slurmd where the node has no systemd), lab_dirs (ddplab's dirs: the lab folders, 0700).
+SHIPPED_ALONE = ("prereqs", "lab_dirs", "hashing", "torch_candidates", "procs", "site_probe", "relay_access",
                  "relay_receive", "relay_take", "daemons")

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 MASTER_PORT = 29500
+ROOT_LAB = "/root/ddplab"  # the lab folder on root hosts (ddplab_root ~/ddplab, root's home)
+_PLUGIN = Path(__file__).resolve().parents[2] / "roles" / "firewall" / "filter_plugins" / "ufw_rules.py"
+_spec = importlib.util.spec_from_file_location("ufw_rules", _PLUGIN)
+ufw_rules = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ufw_rules)
 
 
-def lab_comment(master_addr: str) -> str:
-    """The tag of one lab's rules (roles/firewall/defaults: firewall_comment)."""
-    return f"ddplab-lab-{master_addr}"
+def lab_comment(master_addr: str, lab_root: str = ROOT_LAB) -> str:
+    """The tag of one lab's rules on a node whose lab folder is `lab_root` (roles/firewall/defaults:
+    firewall_comment)."""
+    return ufw_rules.lab_tag(master_addr, lab_root)
 
 
 def ephemeral_ports(cluster, host: str) -> str:
@@ -17,13 +26,16 @@ def ephemeral_ports(cluster, host: str) -> str:
     return f"{lo}:{hi}"
 
 
-def peer_rules(peer: str, master_addr: str, ephemeral: str, port: int = MASTER_PORT) -> list[str]:
+def peer_rules(peer: str, master_addr: str, ephemeral: str, port: int = MASTER_PORT,
+               lab_root: str = ROOT_LAB) -> list[str]:
     """The two rules that let one peer in: the master port and the ports gloo listens on."""
-    tag = lab_comment(master_addr)
+    tag = lab_comment(master_addr, lab_root)
     return [f"ufw allow from {peer} to any port {p} proto tcp comment '{tag}'" for p in (port, ephemeral)]
 
 
-def peer_rule_args(peer: str, master_addr: str, ephemeral: str, port: int = MASTER_PORT) -> list[str]:
+def peer_rule_args(peer: str, master_addr: str, ephemeral: str, port: int = MASTER_PORT,
+                   lab_root: str = ROOT_LAB) -> list[str]:
     """The same rules as `ufw` command arguments (what a test adds or deletes by hand)."""
-    return [rule.removeprefix("ufw ").replace(f"'{lab_comment(master_addr)}'", lab_comment(master_addr))
-            for rule in peer_rules(peer, master_addr, ephemeral, port)]
+    tag = lab_comment(master_addr, lab_root)
+    return [rule.removeprefix("ufw ").replace(f"'{tag}'", tag)
+            for rule in peer_rules(peer, master_addr, ephemeral, port, lab_root)]

@@ -112,6 +112,45 @@ def test_ufw_allows_exactly_the_peers(simlan2, lab, first_launch):
         assert all(r[r.index("#") + 1] == lab_comment(addr["node0"]) for r in rules if "#" in r), status
 
 
+def ufw_added(cluster, host: str) -> list[str]:
+    out = cluster.exec(host, ["ufw", "show", "added"], timeout=30, check=True).stdout
+    return [line for line in out.splitlines() if line.startswith("ufw ")]
+
+
+def test_a_second_lab_folder_with_the_same_master_keeps_its_own_rules(simlan2, lab, first_launch, tmp_path):
+    """Two labs on the same hosts with the same master, in two lab folders (~/ddplab and ~/ddplab-b, whose
+    master port is 29600). The rules are tagged per lab folder: lab b's prepare and cleanup touch only its
+    own (its master port), and lab a's rules, the one both need included, stay. The old tag (the master's
+    address alone) made them one lab: b's prepare deleted a's master-port rule as stale, its cleanup
+    the rest."""
+    _prepared(first_launch)
+    addr = simlan2.host("node0").addr
+    before = {h: ufw_added(simlan2, h) for h in ("node0", "node1")}
+    other = {**lab, "ddplab_root": "/root/ddplab-b", "ddplab_master_port": 29600,
+             "ddplab_runs_dir": tmp_path / "runs-b"}
+    tag_a, tag_b = lab_comment(addr), lab_comment(addr, "/root/ddplab-b")
+    try:
+        added = playbook("prepare.yml", "--tags", "firewall", inventory=simlan2.inventory_dir, extra=other,
+                         timeout=300)
+        assert added.returncode == 0, tail(added)
+        for host, peer in (("node0", simlan2.host("node1").addr), ("node1", addr)):
+            rules = ufw_added(simlan2, host)
+            assert rules == [*before[host],
+                             f"ufw allow from {peer} to any port 29600 proto tcp comment '{tag_b}'"], rules
+            assert all(tag_a in r for r in before[host]), before[host]
+        cleaned = playbook("stop.yml", "--tags", "firewall_cleanup", inventory=simlan2.inventory_dir,
+                           extra=other, timeout=300)
+        assert cleaned.returncode == 0, tail(cleaned)
+        assert {h: ufw_added(simlan2, h) for h in ("node0", "node1")} == before
+        assert all("Status: active" in simlan2.exec(h, ["ufw", "status"], timeout=30).stdout
+                   for h in ("node0", "node1"))
+    finally:  # lab a's rules as they were, for the tests after
+        for host, rules in before.items():
+            for rule in rules:
+                if rule not in ufw_added(simlan2, host):
+                    simlan2.exec(host, ["sh", "-c", f"{rule} >/dev/null"], timeout=30)
+
+
 def test_second_prepare_changes_nothing_and_check_diff_is_clean(simlan2, lab, first_launch):
     _prepared(first_launch)
     again = playbook("prepare.yml", inventory=simlan2.inventory_dir, extra=lab, timeout=300)

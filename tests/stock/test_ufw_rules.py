@@ -77,6 +77,22 @@ def test_missing_rules_are_each_peer_and_port_without_one():
     assert ufw.ufw_missing_peer_rules(ours, [], PORTS) == []
 
 
+def test_a_rule_the_node_has_under_another_comment_is_not_added_again():
+    """ufw would only move it to our comment (our cleanup would then delete another lab's or the user's
+    rule)."""
+    theirs = ufw.ufw_rules(["ufw allow from 10.77.3.11 to any port 32768:60999 proto tcp comment 'other-lab'",
+                            "ufw allow from 10.77.3.11 to any port 29500 proto tcp"])
+    assert ufw.ufw_missing_peer_rules(theirs, ["10.77.3.11"], PORTS) == []
+
+
+def test_two_lab_folders_with_the_same_master_have_two_tags():
+    a, b = ufw.lab_tag("10.77.3.10", "/home/alice/ddplab"), ufw.lab_tag("10.77.3.10", "/home/bob/ddplab")
+    assert a != b and a.startswith("ddplab-lab-10.77.3.10-") and len(a) == len("ddplab-lab-10.77.3.10-") + 8
+    assert ufw.lab_tag("10.77.3.10", "/home/alice/ddplab") == a
+    rule = f"ufw allow from 10.77.3.11 to any port 29500 proto tcp comment '{a}'"
+    assert ufw.ufw_rules([rule])[0]["comment"] == a
+
+
 def test_the_ephemeral_port_range_is_written_as_ufw_wants_it():
     assert ufw.port_range("32768\t60999") == "32768:60999"
     assert ufw.port_range(" 1024 65000 ") == "1024:65000"

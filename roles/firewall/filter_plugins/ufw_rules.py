@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import shlex
 import socket
@@ -67,9 +68,20 @@ def ufw_stale(rules, peers, ports, ssh_port):
     return [r for r in rules if id(r) not in ssh and not _peer_rule(r, peers, ports)]
 
 
+def lab_tag(master_addr, lab_root):
+    """The comment on this lab's ufw rules and the name of its records: the master's address and this node's
+    lab folder (hashed: a path may hold characters ufw's comment does not), so two labs with the same master
+    (two users, or one user's two lab folders) never take each other's rules for their own."""
+    folder = hashlib.sha256(str(lab_root).encode()).hexdigest()[:8]
+    return f"ddplab-lab-{master_addr}-{folder}"
+
+
 def ufw_missing_peer_rules(rules, peers, ports):
     """{src, port} for each peer and port that has no `allow from <peer> to any port <port> proto tcp`
-    among ``rules`` yet: on a prepared node none, so the role adds rules without one ufw call per rule."""
+    among ``rules`` yet: on a prepared node none, so the role adds rules without one ufw call per rule.
+    ``rules`` are all of the node's: ufw takes a rule that differs only in its comment for the same rule and
+    puts the new comment on it, so adding one that another lab or the user already has would make it ours
+    (and our cleanup would delete it)."""
     ports = [str(p) for p in ports]
     have = {(r["src"], r["port"]) for r in rules if _peer_rule(r, peers, ports)}
     return [{"src": p, "port": port} for p in peers for port in ports if (p, port) not in have]
@@ -119,5 +131,6 @@ def port_range(text):
 class FilterModule:
     def filters(self):
         return {"ufw_rules": ufw_rules, "ufw_ssh_rules": ufw_ssh_rules, "ufw_stale": ufw_stale,
+                "lab_tag": lab_tag,
                 "ufw_missing_peer_rules": ufw_missing_peer_rules, "ufw_cleanup": ufw_cleanup,
                 "port_range": port_range, "ipv4_addrs": ipv4_addrs}
