@@ -1,6 +1,6 @@
 """The control host's wheelhouse: the pinned CPU torch and its dependencies, and the wheels of the user's
 requirements file, downloaded once, pushed to the nodes over the LAN and installed offline there
-(`pip install --no-index --find-links`).
+(`pip install --no-index --require-hashes`: only the manifest's files, each with its sha256, can install).
 
     python -m ddplab.wheelhouse fill --dir wheelhouse [--python 3.11 ...] [-i INVENTORY] [--requirements FILE]
     python -m ddplab.wheelhouse select --dir wheelhouse --python 3.11 --machine x86_64 --glibc 2.36 \
@@ -14,9 +14,12 @@ torch is refused first), its wheels with that torch as a constraint (ddplab/whee
 manifest.json: every wheel (file, size, sha256), the torch wheels per Python (`torch_wheels`) and the
 requirements record (file, sha256, torch, wheels per Python). `select` prints, as JSON, the torch wheels a
 node can install (by its Python version, machine and glibc), their total size and the torch wheel among
-them; with --requirements, the requirement wheels it installs offline, or `offline: false` (pip reads the
-index as without a wheelhouse) and a warning with the fix when the file changed since the fill or the node's
-Python was not filled. prepare pushes those (only what the node lacks) and installs them offline.
+them; with --requirements, the requirement wheels it installs offline, or `offline: false` and the reason
+with the fix (`make wheelhouse`) when the file changed since the fill, was never filled or the node's Python
+was not filled. Both answers carry `hashed`: pip's requirements-with-hashes text (`name==version
+--hash=sha256:...`) of the wheels that node installs, so a stale or planted wheel in the node's copy of the
+wheelhouse (another version, or the same name with other bytes) is never installed. prepare pushes the
+wheels (only what the node lacks) and installs them offline from that text (`--no-index --require-hashes`).
 """
 
 from __future__ import annotations
@@ -69,21 +72,40 @@ def wheel_fits(filename: str, tags: set[Tag]) -> bool:
     return not wheel_tags.isdisjoint(tags)
 
 
+def hashed_requirements(files: list[dict]) -> str:
+    """pip's requirements-with-hashes text for these manifest entries ({file, sha256}): one line per project,
+    `name==version` with the sha256 of each of its wheels (a wheel per Python tag may share a version). With
+    several versions of one project (an older fill left its wheel), the highest is kept, as pip would pick."""
+    by_project: dict[str, dict[Version, list[str]]] = {}
+    for f in files:
+        name, version, _, _ = parse_wheel_filename(f["file"])
+        by_project.setdefault(canonicalize_name(name), {}).setdefault(version, []).append(f["sha256"])
+    lines = []
+    for name in sorted(by_project):
+        version = max(by_project[name])
+        hashes = " ".join(f"--hash=sha256:{h}" for h in sorted(set(by_project[name][version])))
+        lines.append(f"{name}=={version} {hashes}\n")
+    return "".join(lines)
+
+
 def target(python: str, machine: str) -> str:
     """The manifest's key for the wheels one node Python takes: "3.11 x86_64"."""
     return f"{python} {machine}"
 
 
 def select(manifest: dict, python: str, machine: str, glibc: str) -> dict:
-    """The torch wheels this node installs (those of the manifest that fit it, less the wheels only the
-    requirements' downloads took), their total size and the torch wheel among them."""
+    """The torch wheels this node installs (those the torch download for its Python took, when the manifest
+    records them; else those of the manifest that fit it, less the wheels only the requirements' downloads
+    took), their total size, the torch wheel among them and their requirements-with-hashes text."""
     tags = node_tags(python, machine, glibc)
     theirs = {n for names in manifest.get("requirements", {}).get("wheels", {}).values() for n in names}
     ours = {n for names in manifest.get("torch_wheels", {}).values() for n in names}
-    files = [f for f in manifest["files"] if wheel_fits(f["file"], tags) and f["file"] not in theirs - ours]
+    mine = manifest.get("torch_wheels", {}).get(target(python, machine))
+    files = [f for f in manifest["files"] if wheel_fits(f["file"], tags)
+             and (f["file"] in mine if mine is not None else f["file"] not in theirs - ours)]
     torch = next((f["file"] for f in files if f["file"].startswith("torch-")), None)
     return {"files": files, "bytes": sum(f["size"] for f in files), "torch": torch,
-            "python": python, "machine": machine, "glibc": glibc}
+            "hashed": hashed_requirements(files), "python": python, "machine": machine, "glibc": glibc}
 
 
 def installed_already(filename: str, installed: set[tuple[str, str]]) -> bool:
@@ -95,34 +117,37 @@ def installed_already(filename: str, installed: set[tuple[str, str]]) -> bool:
 def select_requirements(manifest: dict, requirements: Path, python: str, machine: str, glibc: str,
                         installed: set[tuple[str, str]] = frozenset()) -> dict:
     """The wheels this node installs the requirements file from, offline, less those it has installed at that
-    version already (`installed`: (canonical name, version)). `offline` false: pip reads the index as without
-    a wheelhouse; `warning` then says why when the wheelhouse has requirement wheels that do not serve this
-    file or this node (changed file, another Python), with the fix."""
-    out = {"files": [], "bytes": 0, "python": python, "machine": machine, "glibc": glibc,
+    version already (`installed`: (canonical name, version)), and `hashed`: the pip requirements-with-hashes
+    text of every wheel recorded for it (those installed already are kept by pip). `offline` false: the
+    wheelhouse does not serve this file on this node; `warning` says why (never filled, changed file,
+    another Python) with the fix; the role refuses then unless ddplab_pip_index_fallback lets pip read the
+    index."""
+    out = {"files": [], "bytes": 0, "hashed": "", "python": python, "machine": machine, "glibc": glibc,
            "offline": False, "warning": ""}
-    record = manifest.get("requirements")
-    if not record:
-        return out
-    index = ("so pip reads the package index on this node (a node without a route to it fails there); "
+    index = ("(a node reads a package index only with ddplab_pip_index_fallback=true); "
              "fix: make wheelhouse INV=<your inventory>")
     other_python = index + f' (or PYTHONS="{python}")'
+    record = manifest.get("requirements")
+    if not record:
+        return {**out, "warning": f"the wheelhouse has no wheels of {requirements} {index}"}
     if sha256(requirements) != record["sha256"]:
         return {**out, "warning": f"{requirements} changed since make wheelhouse downloaded its wheels (for "
-                                  f"{record['file']}, sha256 {record['sha256'][:12]}), {index}"}
+                                  f"{record['file']}, sha256 {record['sha256'][:12]}) {index}"}
     names = record["wheels"].get(target(python, machine))
     if names is None:
         return {**out, "warning": f"the wheelhouse has the wheels of {requirements} for python "
                                   f"{', '.join(sorted(record['wheels']))}, not for this node's python "
-                                  f"{target(python, machine)}, {other_python}"}
+                                  f"{target(python, machine)} {other_python}"}
     by_name = {f["file"]: f for f in manifest["files"]}
     tags = node_tags(python, machine, glibc)
     unusable = [n for n in names if n not in by_name or not wheel_fits(n, tags)]
     if unusable:
         return {**out, "warning": f"the wheelhouse's wheels of {requirements} for python "
                                   f"{target(python, machine)} lack or do not fit this node (glibc {glibc}): "
-                                  f"{', '.join(unusable)}, {index}"}
+                                  f"{', '.join(unusable)} {index}"}
     files = [by_name[n] for n in names if not installed_already(n, installed)]
-    return {**out, "files": files, "bytes": sum(f["size"] for f in files), "offline": True}
+    return {**out, "files": files, "bytes": sum(f["size"] for f in files), "offline": True,
+            "hashed": hashed_requirements([by_name[n] for n in names])}
 
 
 def node_installed(text: str) -> set[tuple[str, str]]:
@@ -269,7 +294,7 @@ def fill(args: argparse.Namespace) -> int:
 
 def select_cmd(args: argparse.Namespace) -> int:
     path = Path(args.dir) / MANIFEST
-    if args.requirements:  # no wheelhouse: the requirements come from the index, as without one
+    if args.requirements:  # no wheelhouse: not offline, with the reason (the role refuses or reads the index)
         manifest = json.loads(path.read_text()) if path.exists() else {}
         installed = node_installed(sys.stdin.read()) if args.installed_on_stdin else set()
         print(json.dumps(select_requirements(manifest, Path(args.requirements), args.python, args.machine,

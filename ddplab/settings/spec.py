@@ -88,6 +88,11 @@ SETTINGS: tuple[Setting, ...] = (
             pattern=r"(https?|file)://\S+", pattern_doc="an http(s):// or file:// URL", per_host=True),
     Setting("ddplab_pip_find_links", "str", "",
             "A folder of wheels (or a URL) pip also looks in for torch (\"\" = none).", per_host=True),
+    Setting("ddplab_pip_index_fallback", "bool", False,
+            "Let a node install from a package index what the wheelhouse does not hold: torch without a "
+            "wheelhouse, ddplab_pip_requirements changed since or never filled by `make wheelhouse` (a "
+            "warning names the file). false: prepare stops with that message; a node installs only the "
+            "manifest's wheels, by their sha256."),
     # --- the run -------------------------------------------------------------------------------------
     Setting("ddplab_run_id", "str", "",
             "Run id. launch.yml: \"\" makes run-YYYYmmdd-HHMMSS; status/stop/collect_logs: \"\" = the last "

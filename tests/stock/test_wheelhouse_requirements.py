@@ -15,6 +15,7 @@ import pytest
 
 from ddplab import wheelhouse as wh
 from ddplab.wheel_download import WheelhouseError, download_requirements
+from tests.helpers.wheels import pure_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 SIX = "six-1.17.0-py2.py3-none-any.whl"
@@ -65,15 +66,65 @@ def test_another_python_or_an_old_glibc_goes_to_the_index_with_the_fix(tmp_path)
     assert old["offline"] is False and NUMPY in old["warning"] and SIX not in old["warning"]
 
 
-def test_no_wheelhouse_or_no_requirement_wheels_keep_the_index_quietly(tmp_path):
+def test_no_wheelhouse_or_no_requirement_wheels_name_the_file_and_the_fix(tmp_path):
     req, manifest = filled(tmp_path)
     del manifest["requirements"]
     sel = wh.select_requirements(manifest, req, "3.11", "x86_64", "2.36")
-    assert (sel["offline"], sel["warning"]) == (False, "")
+    assert sel["offline"] is False and sel["hashed"] == ""
+    assert sel["warning"] == (f"the wheelhouse has no wheels of {req} (a node reads a package index "
+                              "only with ddplab_pip_index_fallback=true); fix: make wheelhouse "
+                              "INV=<your inventory>")
     argv = [sys.executable, "-m", "ddplab.wheelhouse", "select", "--dir", str(tmp_path / "none"), "--python",
             "3.11", "--machine", "x86_64", "--glibc", "2.36", "--requirements", str(req)]
     rc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert rc.returncode == 0 and json.loads(rc.stdout)["offline"] is False, rc.stderr
+    assert f"no wheels of {req}" in json.loads(rc.stdout)["warning"]
+
+
+def test_the_hashed_text_pins_every_recorded_wheel_by_version_and_sha256(tmp_path):
+    req, manifest = filled(tmp_path)
+    manifest["files"][0]["sha256"] = "a" * 64
+    have = wh.node_installed(json.dumps([["six", "1.17.0"]]))  # installed: not pushed, still pinned
+    sel = wh.select_requirements(manifest, req, "3.11", "x86_64", "2.36", have)
+    assert [f["file"] for f in sel["files"]] == [NUMPY]
+    assert sel["hashed"] == (f"numpy==2.4.6 --hash=sha256:{'0' * 64}\n"
+                             f"six==1.17.0 --hash=sha256:{'a' * 64}\n")
+    torch = wh.select({"torch": "2.13.0", "files": [
+        {"file": "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "size": 1, "sha256": "b" * 64},
+        {"file": "six-1.16.0-py2.py3-none-any.whl", "size": 1, "sha256": "c" * 64},
+        {"file": SIX, "size": 1, "sha256": "d" * 64}]}, "3.11", "x86_64", "2.36")
+    assert torch["hashed"] == (f"six==1.17.0 --hash=sha256:{'d' * 64}\n"  # an older fill's six: not pinned
+                               f"torch==2.13.0+cpu --hash=sha256:{'b' * 64}\n")
+
+
+@pytest.mark.slow  # two venvs and real pip installs (~10 s)
+def test_a_planted_newer_wheel_in_the_nodes_wheelhouse_is_not_installed(tmp_path):
+    """The node's pip as roles/torch_env runs it, in a real venv: the old command (--find-links and the
+    requirements file) takes a newer wheel planted beside the manifest's; the new one (--require-hashes with
+    select's text on stdin) installs the manifest's version only."""
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    good = pure_wheel(folder, "ddplab-plant-probe", "1.0")
+    req = tmp_path / "requirements.txt"
+    req.write_text("ddplab-plant-probe>=1.0\n")
+    record = {"file": str(req), "sha256": wh.sha256(req), "torch": "2.13.0",
+              "wheels": {"3.11 x86_64": [good.name]}}
+    manifest = wh.write_manifest(folder, "2.13.0", {}, record)
+    pure_wheel(folder, "ddplab-plant-probe", "9.9", "PLANTED = True\n")  # after the fill: stale or planted
+    sel = wh.select_requirements(manifest, req, "3.11", "x86_64", "2.36")
+    assert sel["offline"] is True and sel["hashed"].startswith("ddplab-plant-probe==1.0 --hash=sha256:")
+
+    def installed(venv: Path, *args: str, stdin: str = "") -> str:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+               "--no-index", "--find-links", str(folder)]
+        proc = subprocess.run(pip + list(args), input=stdin, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        probe = [str(venv / "bin" / "python"), "-c", "import ddplab_plant_probe as p; print(p.VERSION)"]
+        return subprocess.run(probe, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+    assert installed(tmp_path / "old", "-r", str(req)) == "9.9"  # the old command: the planted wheel wins
+    assert installed(tmp_path / "new", "--require-hashes", "-r", "/dev/stdin", stdin=sel["hashed"]) == "1.0"
 
 
 def test_the_manifest_keeps_other_pythons_only_for_the_same_file(tmp_path):
