@@ -8,6 +8,7 @@ that need prepared hosts or the synced seed ask for it, so each test also runs a
 ranks-per-node test discards the cluster at its end.
 """
 
+import base64
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.playbooks import playbook, recap, tail
+from tests.helpers.wheels import pure_wheel
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -179,17 +181,30 @@ def fill_requirements(code: Path, wheelhouse: Path) -> subprocess.CompletedProce
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
+def plant_wheel(cluster, host: str, wheel: Path) -> None:
+    """A stale or planted wheel in the node's copy of the wheelhouse (what a peer with write access could
+    leave there)."""
+    cluster.exec(host, ["sh", "-c", f"mkdir -p {WHEELS} && base64 -d > {WHEELS}/{wheel.name}"],
+                 input=base64.b64encode(wheel.read_bytes()).decode(), timeout=30, check=True)
+
+
 def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_cluster):
     """Also: the requirements travel in the wheelhouse. six is in no Python of the nodes and they have no
-    route to a package index, so the install can only come from the pushed wheels."""
+    route to a package index, so the install can only come from the pushed wheels: the manifest's six
+    1.17.0 by its sha256, not a newer six planted in the node's wheelhouse (the old --find-links install
+    took it: `six>=1.16` allows it)."""
     try:
         code = tmp_path / "code"
         shutil.copytree(FIXTURES / "rank_probe", code)
         with (code / "requirements.txt").open("a") as f:
-            f.write("six==1.17.0\n")
+            f.write("six>=1.16\n")
         wheelhouse = tmp_path / "wheelhouse"
         filled = fill_requirements(code, wheelhouse)
         assert filled.returncode == 0, tail(filled)
+        (tmp_path / "planted").mkdir()
+        planted = pure_wheel(tmp_path / "planted", "six", "1.99.0", "PLANTED = True\n")
+        for host in HOSTS:
+            plant_wheel(simlan2, host, planted)
         extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-nproc", "ddplab_code_dir": code,
                  "ddplab_nproc_per_node": 2, "ddplab_pip_requirements": "requirements.txt",
                  "ddplab_wheelhouse_dir": wheelhouse,
@@ -234,13 +249,18 @@ def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_
                          inventory=simlan2.inventory_dir, timeout=300, extra=prep)
         assert check.returncode == 0 and all(r["changed"] == 0 for r in recap(check).values()), tail(check)
 
-        # a file changed since the fill: said, with the fix; pip reads the index (all is installed already)
+        # a file changed since the fill: refused with the file and the fix; the index only when asked
         with (code / "requirements.txt").open("a") as f:
             f.write("# pinned\n")
         changed = playbook("prepare.yml", "-e", json.dumps(more), inventory=simlan2.inventory_dir,
                            timeout=300, extra=prep)
-        assert changed.returncode == 0, tail(changed)
-        assert "requirements.txt changed since make wheelhouse" in changed.stdout, tail(changed)
-        assert "fix: make wheelhouse INV=<your inventory>" in changed.stdout
+        assert changed.returncode != 0, tail(changed)
+        assert re.search(rf"ddplab: error: node0: {code}/requirements.txt changed since make wheelhouse .*"
+                         r"fix: make wheelhouse INV=<your inventory>", changed.stdout), tail(changed)
+        assert "Traceback" not in changed.stdout + changed.stderr
+        asked = playbook("prepare.yml", "-e", json.dumps({**more, "ddplab_pip_index_fallback": True}),
+                         inventory=simlan2.inventory_dir, timeout=300, extra=prep)
+        assert asked.returncode == 0, tail(asked)  # all is installed already: pip needs no index
+        assert "ddplab: warning: node0:" in asked.stdout and "requirements.txt changed since" in asked.stdout
     finally:
         simlan_cluster.discard()  # ufw enabled, lab folders written: the next module gets fresh hosts
