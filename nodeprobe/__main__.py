@@ -136,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("place-files", help="write small files from a JSON spec on stdin, each only when it "
                                        "differs (nodeprobe/place_files.py)")
+    sub.add_parser("prune-placed", help="remove the files ddplab placed in a folder that left the plan, "
+                                        "record the plan (JSON spec on stdin, nodeprobe/prune_placed.py)")
 
     r = sub.add_parser("route", help="interface, source address and hostname toward the master")
     r.add_argument("--master", required=True, help="master address")
@@ -241,6 +243,10 @@ def dispatch(args):
         from nodeprobe import place_files
 
         return place_files.run(sys.stdin.read())
+    if args.cmd == "prune-placed":
+        from nodeprobe import prune_placed
+
+        return prune_placed.run(sys.stdin.read())
     if args.cmd == "verify-shards":
         from nodeprobe import hashing
 

@@ -32,6 +32,8 @@ CHUNK = 1 << 20
 RECORD = ".ddplab-code-files.json"
 # In a ddplab_sync_dirs folder on a node: [paths relative to it of the files ddplab placed].
 SYNC_RECORD = ".ddplab-sync-files.json"
+# In the node's data folder: [the shards ddplab placed] (roles/dataset prunes by it, never by a glob).
+SHARD_RECORD = ".ddplab-shard-files.json"
 # Never synced and never hashed: rebuilt on the node (bytecode), tool state, the sync's own records.
 EXCLUDE = re.compile(r"(^|/)(__pycache__|\.git|\.pytest_cache)(/|$)|\.py[co]$|^\.ddplab-(code|sync-files)")
 
@@ -121,15 +123,16 @@ def placed(root) -> dict[str, set[str]]:
     """The synced trees at or under ``root`` with the files ddplab placed in them, from the code folder's
     RECORD (in root, or in its parent when root is one tree): {tree prefix relative to root ("" when root
     is the tree): {root-relative paths}}; {} without a record (the control host, an older node). A sync
-    dir's own SYNC_RECORD (a list) makes root one tree."""
+    dir's own SYNC_RECORD (or the data folder's SHARD_RECORD: a list) makes root one tree."""
     root = os.path.abspath(root)
-    try:
-        with open(os.path.join(root, SYNC_RECORD)) as f:
-            files = json.load(f)
-        if isinstance(files, list):
-            return {"": set(map(str, files))}
-    except (OSError, ValueError):
-        pass
+    for name in (SYNC_RECORD, SHARD_RECORD):
+        try:
+            with open(os.path.join(root, name)) as f:
+                files = json.load(f)
+            if isinstance(files, list):
+                return {"": set(map(str, files))}
+        except (OSError, ValueError):
+            pass
     for code_dir in (root, os.path.dirname(root)):
         try:
             with open(os.path.join(code_dir, RECORD)) as f:
@@ -290,8 +293,8 @@ def shard_set(data_dir) -> dict:
     return out
 
 
-USAGE = ("usage: hashing.py tree-lines DIR | hashing.py unplaced DIR REL... | "
-         "hashing.py verify-shards DIR MANIFEST")
+USAGE = ("usage: hashing.py tree-lines DIR | hashing.py tree-json DIR [REL...] | "
+         "hashing.py unplaced DIR REL... | hashing.py verify-shards DIR MANIFEST")
 
 
 def shards_verdict(data_dir, manifest_path) -> tuple[bool, str]:
@@ -313,8 +316,10 @@ def shards_verdict(data_dir, manifest_path) -> tuple[bool, str]:
 
 def main(argv=None) -> int:
     """On a node: ``tree-lines DIR`` prints the sum lines of the files ddplab placed in DIR (nothing when
-    DIR or its record does not exist); ``unplaced DIR REL...`` prints each REL that exists in DIR but
-    was not placed by ddplab (what a sync would overwrite); ``verify-shards DIR MANIFEST`` hashes every shard
+    DIR or its record does not exist); ``tree-json DIR [REL...]`` prints the same lines (or those of the
+    files REL) as one JSON list, so a file name with a newline stays one name for the reader; ``unplaced
+    DIR REL...`` prints each REL that exists in DIR but was not placed by ddplab (what a sync would
+    overwrite); ``verify-shards DIR MANIFEST`` hashes every shard
     the manifest file names in DIR and prints one line (exit 1 when a shard is missing, changed or extra):
     the data check of an exported sbatch job (ddplab/export_sbatch.py)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -322,6 +327,10 @@ def main(argv=None) -> int:
         if os.path.isdir(argv[1]):
             for line in tree_lines(argv[1], tree_files(argv[1], placed_only=True)):
                 print(line)
+        return 0
+    if len(argv) >= 2 and argv[0] == "tree-json":
+        rels = argv[2:] or (tree_files(argv[1], placed_only=True) if os.path.isdir(argv[1]) else [])
+        print(json.dumps(tree_lines(argv[1], rels)))
         return 0
     if len(argv) == 3 and argv[0] == "verify-shards":
         ok, line = shards_verdict(argv[1], argv[2])

@@ -183,8 +183,10 @@ def fill_requirements(code: Path, wheelhouse: Path) -> subprocess.CompletedProce
 
 def plant_wheel(cluster, host: str, wheel: Path) -> None:
     """A stale or planted wheel in the node's copy of the wheelhouse (what a peer with write access could
-    leave there)."""
-    cluster.exec(host, ["sh", "-c", f"mkdir -p {WHEELS} && base64 -d > {WHEELS}/{wheel.name}"],
+    leave there), in a lab folder as an earlier prepare left it (its marker)."""
+    marker = "This folder is a ddplab lab folder (ddplab_root); ddplab writes and prunes files in it."
+    cluster.exec(host, ["sh", "-c", f"mkdir -p {WHEELS} && echo '{marker}' > /root/ddplab/.ddplab-lab && "
+                                    f"base64 -d > {WHEELS}/{wheel.name}"],
                  input=base64.b64encode(wheel.read_bytes()).decode(), timeout=30, check=True)
 
 

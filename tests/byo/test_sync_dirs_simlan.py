@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.helpers.playbooks import playbook, tail
+from tests.helpers.playbooks import playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -179,3 +179,30 @@ def test_a_link_out_of_the_code_or_a_sync_dir_is_refused_before_any_node_changes
             "only files inside the folder are sent") in out, tail(proc)
     assert f"ddplab_sync_dirs (all): {data}/secret.bin is a link to {key}, outside {data}" in out, tail(proc)
     assert "replace the link with a copy of the file" in out and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_file_name_with_a_newline_syncs_and_is_pruned_inside_its_folder(setup, synced):
+    """A real file named "notes<newline>..": the old prune read the node's sums line by line, so the second
+    prepare removed `<folder>/..`, here ABS_DIR/.. = the lab folder. Now the name is one name throughout: it
+    syncs, a second prepare changes nothing, and once it leaves the source only that file goes."""
+    cluster, evil = setup["cluster"], "notes\n.."
+    source = setup["small"] / evil
+    source.write_text("a name with a newline\n")
+    try:
+        for _ in range(2):
+            proc = prepare(setup, "--tags", "sync")
+            assert proc.returncode == 0, tail(proc)
+        assert {h: r["changed"] for h, r in recap(proc).items()} == {h: 0 for h in HOSTS}, tail(proc)
+        for h in HOSTS:
+            copy = cluster.exec(h, ["cat", f"{ABS_DIR}/{evil}"], timeout=30, check=True).stdout
+            assert copy == "a name with a newline\n"
+        source.unlink()
+        pruned = prepare(setup, "--tags", "sync")
+        assert pruned.returncode == 0, tail(pruned)
+        for h in HOSTS:
+            assert cluster.exec(h, ["test", "-e", f"{ABS_DIR}/{evil}"], timeout=30).returncode != 0
+            lab = cluster.exec(h, ["ls", "-A", "/root/ddplab", ABS_DIR, NODE_DIR], timeout=30,
+                               check=True).stdout
+            assert ".ddplab-lab" in lab and "tok" in lab and "part0.bin" in lab, lab
+    finally:
+        source.unlink(missing_ok=True)
