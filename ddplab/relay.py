@@ -53,7 +53,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import nodeprobe
-from ddplab import sync_push
+from ddplab import disk_room, sync_push
 from ddplab.errors import DdplabError
 from ddplab.transfer_progress import Meter
 from nodeprobe.hashing import sha256_file
@@ -361,5 +361,7 @@ def cmd_relay(args):
     except (ValueError, AttributeError, TypeError) as e:
         raise DdplabError(f"relay: the spec on stdin is not usable ({e}); see python -m ddplab relay "
                           "--help") from None
+    for node in spec["nodes"]:  # before any byte travels: room on every node's file system under its base
+        disk_room.check(node)
     print(json.dumps(relay(spec, args.progress)))
     return 0

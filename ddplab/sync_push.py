@@ -184,5 +184,8 @@ def cmd_sync_push(args):
     except (ValueError, AttributeError) as e:
         raise DdplabError(f"sync-push: the spec on stdin is not usable ({e}); see python -m ddplab sync-push "
                           "--help") from None
+    from ddplab import disk_room  # here: it imports this module
+
+    disk_room.check(spec)  # before any byte travels: room on the node's file system under base
     print(json.dumps(push(spec, args.progress)))
     return 0

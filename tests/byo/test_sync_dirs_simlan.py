@@ -206,3 +206,27 @@ def test_a_file_name_with_a_newline_syncs_and_is_pruned_inside_its_folder(setup,
             assert ".ddplab-lab" in lab and "tok" in lab and "part0.bin" in lab, lab
     finally:
         source.unlink(missing_ok=True)
+
+
+def test_a_copy_that_does_not_fit_is_refused_before_anything_travels(setup, synced, tmp_path):
+    """node1's folder for one more sync dir is on a 4 MiB tmpfs (another file system than the lab folder's);
+    8 MiB to copy there: one message names the node, the folder, need and free; nothing reaches it."""
+    cluster, tiny = setup["cluster"], "/root/tiny"
+    cluster.exec("node1", ["sh", "-c", f"mkdir -p {tiny} && mount -t tmpfs -o size=4m tmpfs {tiny}"],
+                 timeout=30, check=True)
+    try:
+        (tmp_path / "eight").mkdir()
+        (tmp_path / "eight" / "blob.bin").write_bytes(os.urandom(8 << 20))
+        sync = [*json.loads(setup["sync"][1])["ddplab_sync_dirs"],
+                {"src": str(tmp_path / "eight"), "dest": f"{tiny}/data"}]
+        proc = playbook("prepare.yml", "--tags", "sync", "-e", json.dumps({"ddplab_sync_dirs": sync}),
+                        inventory=cluster.inventory_dir, extra=setup["extra"], timeout=600)
+        assert proc.returncode != 0, tail(proc)
+        assert re.search(rf"ddplab: error: node1: {tiny}/data needs 8\.0 MiB \({8 << 20} bytes, 1 files\) and "
+                         rf"its file system \({tiny}\) has 4\.0 MiB free", proc.stdout), tail(proc)
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert cluster.exec("node1", ["find", tiny, "-type", "f"], timeout=30, check=True).stdout == ""
+    finally:
+        cluster.exec("node1", ["umount", tiny], timeout=30)
+        for h in HOSTS:
+            cluster.exec(h, ["rm", "-rf", tiny], timeout=30)
