@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from nodeprobe import hashing
 from simlan.network import GATEWAY  # the control host's address on the bridge
 from tests.helpers.firewall import ephemeral_ports, lab_comment
 from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
@@ -160,6 +161,35 @@ def test_second_prepare_changes_nothing_and_check_diff_is_clean(simlan2, lab, fi
                      timeout=300)
     assert check.returncode == 0, tail(check)
     assert all(r["failed"] == 0 and r["changed"] == 0 for r in recap(check).values()), tail(check)
+
+
+def test_shards_are_pruned_by_record_not_by_glob(simlan2, lab, first_launch, tmp_path):
+    """Another shard set (the same shards under new names): the shards ddplab placed leave node1, a
+    *.parquet someone else put in the data folder stays (the old prune removed every *.parquet not in the
+    manifest)."""
+    _prepared(first_launch)
+    data = "/root/ddplab/data"
+    simlan2.exec("node1", ["sh", "-c", f"echo not ddplab's > {data}/mine.parquet"], timeout=30, check=True)
+    manifest = json.loads((lab["ddplab_data_dir"] / "manifest.json").read_text())
+    renamed = [{**e, "file": "renamed_" + e["file"]} for e in manifest["files"]]
+    other = tmp_path / "shards"
+    other.mkdir()
+    for old, new in zip(manifest["files"], renamed, strict=True):
+        shutil.copy2(lab["ddplab_data_dir"] / old["file"], other / new["file"])
+    (other / "manifest.json").write_text(json.dumps(
+        {**manifest, "files": renamed, "digest": hashing.manifest_digest(renamed)}))
+    try:
+        proc = playbook("prepare.yml", "--tags", "data", inventory=simlan2.inventory_dir,
+                        extra={**lab, "ddplab_data_dir": other}, timeout=300)
+        assert proc.returncode == 0, tail(proc)
+        listed = simlan2.exec("node1", ["ls", data], timeout=30, check=True).stdout.split()
+        assert sorted(f for f in listed if f.endswith(".parquet")) == sorted(
+            ["mine.parquet", *(e["file"] for e in renamed)]), listed
+    finally:
+        simlan2.exec("node1", ["rm", "-f", f"{data}/mine.parquet"], timeout=30)
+        back = playbook("prepare.yml", "--tags", "data", inventory=simlan2.inventory_dir, extra=lab,
+                        timeout=300)
+        assert back.returncode == 0, tail(back)
 
 
 def test_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab, first_launch):
