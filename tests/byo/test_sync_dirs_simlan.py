@@ -226,7 +226,7 @@ def test_a_copy_that_does_not_fit_is_refused_before_anything_travels(setup, sync
                         inventory=cluster.inventory_dir, extra=setup["extra"], timeout=600)
         assert proc.returncode != 0, tail(proc)
         assert re.search(rf"ddplab: error: node1: {tiny}/data needs 8\.0 MiB \({8 << 20} bytes, 1 files\) "
-                         rf"and its file system \({tiny}\) has 4\.0 MiB free", proc.stdout), tail(proc)
+                         rf"and its file system \({tiny}/data\) has 4\.0 MiB free", proc.stdout), tail(proc)
         assert "Traceback" not in proc.stdout + proc.stderr
         assert cluster.exec("node1", ["find", tiny, "-type", "f"], timeout=30, check=True).stdout == ""
     finally:
