@@ -169,7 +169,7 @@ def test_shards_are_pruned_by_record_not_by_glob(simlan2, lab, first_launch, tmp
     manifest)."""
     _prepared(first_launch)
     data = "/root/ddplab/data"
-    simlan2.exec("node1", ["sh", "-c", f"echo not ddplab's > {data}/mine.parquet"], timeout=30, check=True)
+    simlan2.exec("node1", ["sh", "-c", f"echo not ddplab_s > {data}/mine.parquet"], timeout=30, check=True)
     manifest = json.loads((lab["ddplab_data_dir"] / "manifest.json").read_text())
     renamed = [{**e, "file": "renamed_" + e["file"]} for e in manifest["files"]]
     other = tmp_path / "shards"
