@@ -115,9 +115,9 @@ def test_a_planted_newer_wheel_in_the_nodes_wheelhouse_is_not_installed(tmp_path
     assert sel["offline"] is True and sel["hashed"].startswith("ddplab-plant-probe==1.0 --hash=sha256:")
 
     def installed(venv: Path, *args: str, stdin: str = "") -> str:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-               "--no-index", "--find-links", str(folder)]
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+               "--disable-pip-version-check", "--no-index", "--find-links", str(folder)]
         proc = subprocess.run(pip + list(args), input=stdin, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
         probe = [str(venv / "bin" / "python"), "-c", "import ddplab_plant_probe as p; print(p.VERSION)"]
