@@ -8,7 +8,7 @@ relay, and why); relay (send changed files once, the nodes pass them on);
 interrupt-guard (stop a run when its waiting playbook is interrupted); check-requirements (refuse a
 requirements file that asks for another torch); tune (tokens/s of 1 node x 1 process, 1 node x N
 processes and all nodes); export sbatch (the run as a self-contained sbatch script for a Slurm
-cluster ddplab does not manage).
+cluster ddplab does not manage); secrets (the lab's 0700 folder of control-side keys).
 """
 
 import argparse
@@ -37,6 +37,7 @@ VERBS = {
     "rdzv-store": "ddplab.rdzv_store",
     "tune": "ddplab.tune",
     "export": "ddplab.export_sbatch",
+    "secrets": "ddplab.secrets",
 }
 
 

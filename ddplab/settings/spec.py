@@ -105,6 +105,12 @@ SETTINGS: tuple[Setting, ...] = (
             "nothing is copied or checked."),
     Setting("ddplab_runs_dir", "str", "{{ ddplab_repo_dir }}/runs",
             "Control-side folder where runs are collected (runs/<run_id>/)."),
+    Setting("ddplab_secrets_dir", "str", "",
+            "Control-side folder of the lab's secrets (the munge key of a Slurm lab), made 0700 with its "
+            "missing parents; \"\" = ~/.config/ddplab/<lab tag> (8 hex digits from the master's address and "
+            "ddplab_root), one per lab, so two labs share a key only when they name the same folder. Not "
+            "under runs/, which people share and `make clean` deletes.",
+            pattern=r"(~|/).*", pattern_doc="an absolute path or one under ~/", example="~/.config/ddplab/mylab"),
     Setting("ddplab_wheelhouse_dir", "str", "{{ ddplab_repo_dir }}/wheelhouse",
             "Control-side wheel folder (`make wheelhouse` fills it: the pinned CPU torch and its "
             "dependencies, and the wheels of ddplab_pip_requirements); what a node lacks is pushed and "
@@ -156,6 +162,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_slurm_nodes", "int", 0,
             "ddplab_scheduler slurm: the run trains on the nodes of rank 0..N-1 only (the master and the "
             "next ranks), leaving the others free for other jobs; 0 = every node of the lab.", min=0),
+    Setting("ddplab_slurm_allow_groups", "str", "",
+            "ddplab_scheduler slurm: the groups whose members may run jobs on the lab's nodes (slurm.conf "
+            "AllowGroups of its partition, names as on the controller, comma-separated); \"\" = the run "
+            "user's own group (on the controller).", pattern=r"[A-Za-z_][A-Za-z0-9_.-]*(,[A-Za-z_][A-Za-z0-9_.-]*)*",
+            pattern_doc="group names separated by commas, e.g. lab,students"),
     Setting("ddplab_slurmctld_port", "int", 6817,
             "ddplab_scheduler slurm: slurmctld's TCP port (opened to the lab's nodes only).",
             min=1, max=65535),

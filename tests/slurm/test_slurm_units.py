@@ -32,6 +32,7 @@ def _load(name: str, path: Path):
 
 conf = _load("slurm_conf", REPO / "roles/slurm/filter_plugins/slurm_conf.py")
 job = _load("slurm_job", REPO / "roles/launch/filter_plugins/slurm_job.py")
+owner = _load("slurm_owner", REPO / "roles/slurm/filter_plugins/slurm_owner.py")
 
 HOSTVARS = {
     "laptop-b": {"ansible_hostname": "bee", "ansible_processor_vcpus": 4, "ansible_memtotal_mb": 7900},
@@ -65,13 +66,69 @@ def test_rendered_slurm_conf_names_every_node_the_ports_and_no_cgroup_plugins():
                              undefined=jinja2.StrictUndefined)
     text = env.get_template("slurm.conf.j2").render(
         slurm_conf_data=data, slurm_cluster_name="ddplab", ansible_managed="managed",
-        ddplab_slurmctld_port=6817, ddplab_slurmd_port=6818, slurm_slurmd_timeout=30)
+        ddplab_slurmctld_port=6817, ddplab_slurmd_port=6818, slurm_slurmd_timeout=30,
+        slurm_allow_groups=owner.slurm_allow_groups("", {"group": "lab"}))
     lines = text.splitlines()
     assert "SlurmctldHost=ant(192.168.1.10)" in lines and "SrunPortRange=60001-60100" in lines
     assert "NodeName=bee NodeAddr=192.168.1.11 CPUs=4 RealMemory=7836 State=UNKNOWN" in lines
-    assert "PartitionName=lab Nodes=ant,bee Default=YES MaxTime=INFINITE State=UP" in lines
+    assert "PartitionName=lab Nodes=ant,bee Default=YES MaxTime=INFINITE State=UP AllowGroups=lab" in lines
+    assert "DisableRootJobs=YES" in lines
     assert "ProctrackType=proctrack/linuxproc" in lines and "TaskPlugin=task/none" in lines
     assert not [ln for ln in lines if "{" in ln or "}" in ln]
+
+
+def test_run_user_read_from_id_and_a_uid_or_gid_that_differs_between_nodes_is_one_message():
+    me = owner.slurm_run_user("uid=1000(lab) gid=1000(lab) groups=1000(lab),27(sudo)")
+    assert me == {"uid": 1000, "user": "lab", "gid": 1000, "group": "lab"}
+    same = {"a": {"slurm_id": me}, "b": {"slurm_id": dict(me)}}
+    assert owner.slurm_owner_problem(["a", "b"], same) == ""
+    other_gid = {**same, "c": {"slurm_id": {**me, "gid": 1777}}}
+    msg = owner.slurm_owner_problem(["a", "b", "c"], other_gid)
+    assert msg.startswith("ddplab: error: the run user differs between a and c: lab is uid 1000 gid 1000 on a, "
+                          "lab is uid 1000 gid 1777 on c.")
+    assert "groupmod -g 1000 lab" in msg and "run playbooks/slurm.yml again" in msg
+    assert "uid 1001 gid 1000 on b" in owner.slurm_owner_problem(["a", "b"], {**same, "b": {"slurm_id": {
+        **me, "uid": 1001}}})
+    assert owner.slurm_allow_groups("", me) == "lab" and owner.slurm_allow_groups("lab,ta", me) == "lab,ta"
+    with pytest.raises(AnsibleFilterError, match="not uid=N"):
+        owner.slurm_run_user("id: cannot find name for user ID 1000")
+
+
+def test_lab_tag_tells_lab_folders_and_masters_apart_and_prefixes_the_job_names():
+    from ddplab.lab_tag import lab_tag, secrets_dir, slurm_job_prefix
+    tag = lab_tag("10.0.0.1", "~/ddplab")
+    assert re.fullmatch(r"[0-9a-f]{8}", tag) and tag == lab_tag("10.0.0.1", "~/ddplab")
+    assert len({tag, lab_tag("10.0.0.1", "~/ddplab2"), lab_tag("10.0.0.2", "~/ddplab")}) == 3
+    assert slurm_job_prefix(tag) == f"ddplab-{tag}-"
+    assert secrets_dir("", tag, "/home/me") == f"/home/me/.config/ddplab/{tag}"
+    assert secrets_dir("~/keys/lab", tag, "/home/me") == "/home/me/keys/lab"
+    assert secrets_dir("/srv/keys", tag, "/home/me") == "/srv/keys"
+
+
+def test_secrets_folder_is_0700_and_an_old_key_of_ours_moves_in_once(tmp_path):
+    from ddplab.errors import DdplabError
+    from ddplab.secrets import secrets
+    old = tmp_path / "runs" / ".slurm" / "munge.key"
+    old.parent.mkdir(parents=True)
+    old.write_text("k" * 64)
+    old.chmod(0o600)
+    folder = tmp_path / "config" / "ddplab" / "abcd1234"
+    out = secrets(folder, [(old, "munge.key")])
+    assert out["made"] and out["moved"] == [f"{old} -> {folder / 'munge.key'}"] and out["left"] == []
+    assert (folder / "munge.key").read_text() == "k" * 64 and not old.parent.exists()
+    for path in (folder, folder.parent, folder.parent.parent):
+        assert path.stat().st_mode & 0o777 == 0o700, path
+    assert secrets(folder, [(old, "munge.key")]) == {"dir": str(folder), "made": False, "moved": [], "left": []}
+    # a symlink at the old place is not ours to move: left, and said
+    old.parent.mkdir()
+    old.symlink_to(tmp_path / "elsewhere")
+    other = tmp_path / "other-lab"
+    assert secrets(other, [(old, "munge.key")])["left"] == [f"{old} is not a plain file of yours; "
+                                                           f"{other / 'munge.key'} is made anew"]
+    assert old.is_symlink() and not (other / "munge.key").exists()
+    folder.chmod(0o755)
+    with pytest.raises(DdplabError, match=r"mode 0755: others may read the lab's keys; run `chmod 700 "):
+        secrets(folder, [])
 
 
 def test_daemon_specs_restart_only_what_read_the_changed_file():
