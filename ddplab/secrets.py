@@ -13,6 +13,7 @@ OLD's folder is removed when the move leaves it empty. Prints JSON: {dir, made, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -67,10 +68,8 @@ def adopt(old: Path, new: Path) -> str:
             os.fsync(dst.fileno())
         old.unlink()
     new.chmod(0o600)
-    try:
-        old.parent.rmdir()  # ddplab made it for this key alone; a folder with other files stays
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):  # ddplab made it for this key alone; a folder with other files stays
+        old.parent.rmdir()
     return "moved"
 
 
@@ -87,7 +86,8 @@ def secrets(folder: Path, adoptions: list[tuple[Path, str]]) -> dict:
 
 
 def add_parser(sub):
-    p = sub.add_parser("secrets", help="make the lab's folder of control-side secrets (0700), move old keys in")
+    p = sub.add_parser("secrets", help="make the lab's folder of control-side secrets (0700), move old "
+                       "keys in")
     p.add_argument("--dir", required=True, type=Path, help="the folder (ddplab_secrets_dir)")
     p.add_argument("--adopt", nargs=2, action="append", default=[], metavar=("OLD", "NAME"),
                    help="move a key an older ddplab left at OLD to DIR/NAME (repeatable)")

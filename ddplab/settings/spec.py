@@ -110,7 +110,8 @@ SETTINGS: tuple[Setting, ...] = (
             "missing parents; \"\" = ~/.config/ddplab/<lab tag> (8 hex digits from the master's address and "
             "ddplab_root), one per lab, so two labs share a key only when they name the same folder. Not "
             "under runs/, which people share and `make clean` deletes.",
-            pattern=r"(~|/).*", pattern_doc="an absolute path or one under ~/", example="~/.config/ddplab/mylab"),
+            pattern=r"(~|/).*", pattern_doc="an absolute path or one under ~/",
+            example="~/.config/ddplab/mylab"),
     Setting("ddplab_wheelhouse_dir", "str", "{{ ddplab_repo_dir }}/wheelhouse",
             "Control-side wheel folder (`make wheelhouse` fills it: the pinned CPU torch and its "
             "dependencies, and the wheels of ddplab_pip_requirements); what a node lacks is pushed and "
@@ -165,7 +166,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_slurm_allow_groups", "str", "",
             "ddplab_scheduler slurm: the groups whose members may run jobs on the lab's nodes (slurm.conf "
             "AllowGroups of its partition, names as on the controller, comma-separated); \"\" = the run "
-            "user's own group (on the controller).", pattern=r"[A-Za-z_][A-Za-z0-9_.-]*(,[A-Za-z_][A-Za-z0-9_.-]*)*",
+            "user's own group (on the controller).",
+            pattern=r"[A-Za-z_][A-Za-z0-9_.-]*(,[A-Za-z_][A-Za-z0-9_.-]*)*",
             pattern_doc="group names separated by commas, e.g. lab,students"),
     Setting("ddplab_slurmctld_port", "int", 6817,
             "ddplab_scheduler slurm: slurmctld's TCP port (opened to the lab's nodes only).",

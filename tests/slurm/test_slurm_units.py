@@ -84,8 +84,8 @@ def test_run_user_read_from_id_and_a_uid_or_gid_that_differs_between_nodes_is_on
     assert owner.slurm_owner_problem(["a", "b"], same) == ""
     other_gid = {**same, "c": {"slurm_id": {**me, "gid": 1777}}}
     msg = owner.slurm_owner_problem(["a", "b", "c"], other_gid)
-    assert msg.startswith("ddplab: error: the run user differs between a and c: lab is uid 1000 gid 1000 on a, "
-                          "lab is uid 1000 gid 1777 on c.")
+    assert msg.startswith("ddplab: error: the run user differs between a and c: lab is uid 1000 gid 1000 "
+                          "on a, lab is uid 1000 gid 1777 on c.")
     assert "groupmod -g 1000 lab" in msg and "run playbooks/slurm.yml again" in msg
     assert "uid 1001 gid 1000 on b" in owner.slurm_owner_problem(["a", "b"], {**same, "b": {"slurm_id": {
         **me, "uid": 1001}}})
@@ -118,7 +118,8 @@ def test_secrets_folder_is_0700_and_an_old_key_of_ours_moves_in_once(tmp_path):
     assert (folder / "munge.key").read_text() == "k" * 64 and not old.parent.exists()
     for path in (folder, folder.parent, folder.parent.parent):
         assert path.stat().st_mode & 0o777 == 0o700, path
-    assert secrets(folder, [(old, "munge.key")]) == {"dir": str(folder), "made": False, "moved": [], "left": []}
+    again = secrets(folder, [(old, "munge.key")])
+    assert again == {"dir": str(folder), "made": False, "moved": [], "left": []}
     # a symlink at the old place is not ours to move: left, and said
     old.parent.mkdir()
     old.symlink_to(tmp_path / "elsewhere")

@@ -38,10 +38,11 @@ def slurm_owner_problem(hosts: list[str], hostvars) -> str:
             return (f"ddplab: error: the run user differs between {first} and {host}: {a['user']} is uid "
                     f"{a['uid']} gid {a['gid']} on {first}, {b['user']} is uid {b['uid']} gid {b['gid']} on "
                     f"{host}. Slurm runs a job on every node under the submitter's numbers, so on {host} the "
-                    f"lab's jobs would run as whoever has uid {a['uid']} there (and jobs from {host} as uid "
-                    f"{b['uid']} on {first}). Give the account the same uid and gid on every node (as root on "
-                    f"{host}: usermod -u {a['uid']} {b['user']}; groupmod -g {a['gid']} {b['group']}), or use "
-                    "an account that has them, then run playbooks/slurm.yml again. Nothing was changed.")
+                    f"lab's jobs would run as whoever has uid {a['uid']} there (and jobs from {host} as "
+                    f"uid {b['uid']} on {first}). Give the account the same uid and gid on every node (as "
+                    f"root on {host}: usermod -u {a['uid']} {b['user']}; groupmod -g {a['gid']} "
+                    f"{b['group']}), or use an account that has them, then run playbooks/slurm.yml again. "
+                    "Nothing was changed.")
     return ""
 
 
