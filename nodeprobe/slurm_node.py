@@ -6,6 +6,8 @@ Facts only; the control host's verdict (``ddplab/preflight/checks_slurm.py``) de
 - ``munge``: a credential made and decoded on this node (``munge -n | unmunge``): munged runs and reads
   its key;
 - ``daemons``: which of munged, slurmd and slurmctld run here (their process names in /proc);
+- ``owner``: the login user's uid, gid and their names here (Slurm runs jobs under these numbers on
+  every node, so they must be the same on all);
 - ``sinfo``: this node as slurmctld sees it (``sinfo -N -n <hostname>``). The request is signed by
   munge and checked by slurmctld with its own key, so it fails when this node's key differs from the
   controller's; the state (idle, alloc, down*, drain, ...) says whether jobs can land here.
@@ -14,6 +16,9 @@ Runs as the login user: nothing here needs root.
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -62,10 +67,24 @@ def sinfo_state(name: str) -> dict:
     return {"ok": True, "state": states[0], "error": ""}
 
 
+def owner() -> dict:
+    """The login user's numbers and names (as `id` prints them)."""
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    try:
+        group = grp.getgrgid(gid).gr_name
+    except KeyError:
+        group = str(gid)
+    return {"uid": uid, "user": user, "gid": gid, "group": group}
+
+
 def probe() -> dict:
     missing = [c for c in COMMANDS if shutil.which(c) is None]
     name = node_name()
     if missing:
         return {"ok": True, "name": name, "missing": missing, "daemons": running()}
     return {"ok": True, "name": name, "missing": [], "daemons": running(), "munge": munge_round_trip(),
-            "sinfo": sinfo_state(name)}
+            "owner": owner(), "sinfo": sinfo_state(name)}

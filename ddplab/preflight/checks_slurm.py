@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ddplab.preflight.judge import NA, OK, Judge
+from ddplab.slurm_owner import mismatch
 
 SETUP_FIX = "run playbooks/slurm.yml (it installs and starts munge and Slurm)"
 # slurmctld refuses a request signed with another munge key with these words (Slurm 22.05)
@@ -31,6 +32,13 @@ def slurm(j: Judge, h: str) -> None:
                   else f"munge -n | unmunge: {munge.get('error')}")
         j.fail(h, "slurm", f"{detail} on {h}", SETUP_FIX)
         return
+    # the run user's numbers, compared with the master's (or the first node that answered)
+    ref = next((r for r in [j.master, *j.hosts] if r and (j.probe(r, "slurm") or {}).get("owner")), None)
+    if ref and ref != h and p.get("owner"):
+        differs = mismatch(ref, j.probe(ref, "slurm")["owner"], h, p["owner"])
+        if differs:
+            j.fail(h, "slurm", *differs)
+            return
     stopped = [d for d in ("slurmd",) + (("slurmctld",) if h == controller else ()) if not daemons.get(d)]
     if stopped:
         j.fail(h, "slurm", f"{' and '.join(stopped)} not running on {h}", SETUP_FIX)

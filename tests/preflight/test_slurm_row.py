@@ -14,7 +14,8 @@ SETUP = "run playbooks/slurm.yml"
 def healthy(name: str, controller: bool) -> dict:
     return {"ok": True, "name": name, "missing": [],
             "daemons": {"munged": True, "slurmd": True, "slurmctld": controller},
-            "munge": {"ok": True, "error": ""}, "sinfo": {"ok": True, "state": "idle", "error": ""}}
+            "munge": {"ok": True, "error": ""}, "sinfo": {"ok": True, "state": "idle", "error": ""},
+            "owner": {"uid": 1000, "user": "lab", "gid": 1000, "group": "lab"}}
 
 
 @pytest.fixture
@@ -45,6 +46,11 @@ def test_a_working_cluster_passes(slurm_lab, tmp_path):
     (lambda p: p["munge"].update(ok=False, error="unmunge: Error: Invalid credential"),
      "munge -n | unmunge: unmunge: Error: Invalid credential on node1", SETUP),
     (lambda p: p["daemons"].update(slurmd=False), "slurmd not running on node1", SETUP),
+    (lambda p: p["owner"].update(uid=1001, user="me"),
+     "the run user differs between node0 and node1: lab is uid 1000 gid 1000 on node0, me is uid 1001 gid "
+     "1000 on node1. Slurm runs a job on every node under the submitter's numbers, so on node1 the lab's "
+     "jobs would run as whoever has uid 1000 there (and jobs from node1 as uid 1001 on node0)",
+     "(as root on node1: usermod -u 1000 me; groupmod -g 1000 lab)"),
     (lambda p: p["sinfo"].update(ok=False, state=None, error="sinfo: error: Protocol authentication error"),
      "slurmctld on node0 refuses node1's munge credential (sinfo: error: Protocol authentication error): "
      "the munge keys differ", SETUP),

@@ -5,10 +5,13 @@ The hosts are the ones test_stock_ddplab.py prepared, with ufw installed and ina
 modules run (`make test`, tests/stock/conftest.py); bare ones when this module runs alone.
 
 One cluster serves the module, in order: slurm.yml --check on hosts without Slurm (it says what it would
-install), slurm.yml (then changed=0, and --check --diff changed=0), a 2-node run through sbatch to the end
-with a rank on each node, two runs submitted while another user's job holds the nodes (both queue, then run
-one after the other), a run on part of the lab (ddplab_slurm_nodes) beside another user's job, the script
-`python -m ddplab export sbatch` writes, submitted with sbatch; a stopped
+install), slurm.yml (a key left in runs/.slurm moves to the secrets folder, then changed=0, and --check
+--diff changed=0), a 2-node run through sbatch to the end with a rank on each node, a run user whose gid
+differs on one node refused, another owner with the same uid and root refused a job (AllowGroups,
+DisableRootJobs), two runs submitted while another user's job holds the nodes (both queue, then run one
+after the other), a run on part of the lab (ddplab_slurm_nodes) beside another user's job (and waiting
+ddplab-* jobs that are not this lab's), the script `python -m ddplab export sbatch` writes, submitted
+with sbatch; a stopped
 slurmd named by preflight; a host outside the lab refused; a node lost mid-job.
 Times are printed (`pytest -s`)."""
 
@@ -38,10 +41,11 @@ def lab(stock_hosts, tmp_path_factory):
     c = stock_hosts(Path(__file__).name)
     before = stock_hosts.before(Path(__file__).name)
     runs = tmp_path_factory.mktemp("slurm-runs")
+    secrets = tmp_path_factory.mktemp("slurm-config") / "ddplab" / "lab"  # made 0700 by slurm.yml
     settings = {"ddplab_scheduler": "slurm", "ddplab_data_dir": str(make_shards(tmp_path_factory.getbasetemp()
                                                                                 / "shards")),
-                "ddplab_runs_dir": str(runs), "ddplab_threads": 1, "ddplab_wait_poll": 5,
-                "ddplab_trainer_steps": 5,
+                "ddplab_runs_dir": str(runs), "ddplab_secrets_dir": str(secrets), "ddplab_threads": 1,
+                "ddplab_wait_poll": 5, "ddplab_trainer_steps": 5,
                 # the hosts stay as their user keeps them, open to the LAN (node0's ufw off, node1's off or
                 # none): said so explicitly, since launch refuses them otherwise; the munge key is what keeps
                 # others out of Slurm (test_a_host_outside_the_lab_can_neither_run_a_job_nor_join)
@@ -49,7 +53,7 @@ def lab(stock_hosts, tmp_path_factory):
     settings_file = c.inventory_dir / "group_vars" / "all" / "ddplab.yml"
     settings_file.write_text(yaml.safe_dump(settings))
     try:
-        yield {"cluster": c, "inv": c.inventory_dir, "runs": runs, "t0": t0,
+        yield {"cluster": c, "inv": c.inventory_dir, "runs": runs, "secrets": secrets, "t0": t0,
                "hosts": f"stock hosts {' and '.join(before)} prepared" if before else "bare stock hosts"}
     finally:  # the inventory folder outlives this module: a later cluster on it must not run through Slurm
         settings_file.unlink(missing_ok=True)
@@ -70,7 +74,7 @@ def test_slurm_cluster_from_hosts_without_slurm_runs_a_two_node_job(lab):
     dry = playbook("slurm.yml", "--check", "--diff", inventory=inv, timeout=600)
     assert dry.returncode == 0, tail(dry)
     assert "node1: would install munge, slurmd, slurm-client (no daemon" in dry.stdout, tail(dry)
-    assert not (lab["runs"] / ".slurm").exists()
+    assert not (lab["runs"] / ".slurm").exists() and not lab["secrets"].exists()
     setup = docs_command(SLURM_DOCS[0], inv)
     t_setup = time.monotonic() - lab["t0"]
     assert setup.returncode == 0, tail(setup)
@@ -78,16 +82,27 @@ def test_slurm_cluster_from_hosts_without_slurm_runs_a_two_node_job(lab):
     while (sinfo := on_master(c, "sinfo -h -o '%t %N'")).split() != ["idle", "node[0-1]"]:
         assert time.monotonic() < deadline, sinfo
         time.sleep(2)
+    key_file = lab["secrets"] / "munge.key"  # the lab's 0700 secrets folder: not in runs/ nor the inventory
+    key = key_file.read_text().strip()
+    assert len(key) == 64 and key_file.stat().st_mode & 0o077 == 0
+    assert lab["secrets"].stat().st_mode & 0o777 == lab["secrets"].parent.stat().st_mode & 0o777 == 0o700
+    assert not (inv / ".slurm").exists() and not (lab["runs"] / ".slurm").exists()
+    # a cluster set up by an older ddplab has its key in runs/.slurm: it moves to the secrets folder (the
+    # cluster keeps its key: the nodes change nothing), then every later run changes nothing
+    old_key = lab["runs"] / ".slurm" / "munge.key"
+    old_key.parent.mkdir()
+    key_file.rename(old_key)
+    moved = playbook("slurm.yml", inventory=inv, timeout=600)
     again = playbook("slurm.yml", inventory=inv, timeout=600)
     checked = playbook("slurm.yml", "--check", "--diff", inventory=inv, timeout=600)
+    assert moved.returncode == 0, tail(moved)
+    assert f"moved the munge key: {old_key} -> {key_file}" in moved.stdout, tail(moved)
+    assert {h: r["changed"] for h, r in recap(moved).items()} == {"node0": 1, "node1": 0}, tail(moved)
+    assert key_file.read_text().strip() == key and not old_key.parent.exists()
     for proc in (again, checked):
         assert proc.returncode == 0, tail(proc)
         assert {h: r["changed"] for h, r in recap(proc).items()} == {"node0": 0, "node1": 0}, tail(proc)
-    key_file = lab["runs"] / ".slurm" / "munge.key"  # beside the runs, never in the inventory folder
-    key = key_file.read_text().strip()
-    assert len(key) == 64 and key_file.stat().st_mode & 0o077 == 0
-    assert not (inv / ".slurm").exists()
-    for proc in (setup, again, checked):
+    for proc in (setup, moved, again, checked):
         assert key not in proc.stdout + proc.stderr  # no_log, no diff
     t1 = time.monotonic()
     launched = docs_command(SLURM_DOCS[1], inv)
@@ -116,6 +131,66 @@ def test_slurm_cluster_from_hosts_without_slurm_runs_a_two_node_job(lab):
     assert re.search(r"^node1\s+\| ", followed.stdout, re.M), followed.stdout
 
 
+def test_a_run_user_whose_gid_differs_on_one_node_is_refused_before_any_change(lab):
+    """Slurm runs a job on every node under the submitter's numbers: with lab's group 1777 on node1 and 1000
+    on node0, lab's jobs would run on node1 in group 1000, whoever that is there. slurm.yml refuses the lab
+    with one message naming both nodes, the user, both uids and gids and the fix; no node changed."""
+    c, inv = lab["cluster"], lab["inv"]
+    conf = ["stat", "-c", "%Y", "/etc/slurm/slurm.conf"]
+    before = [c.exec(h, conf, check=True).stdout for h in ("node0", "node1")]
+    c.exec("node1", ["groupmod", "-g", "1777", "lab"], check=True)
+    try:
+        refused = playbook("slurm.yml", inventory=inv, timeout=600)
+    finally:
+        c.exec("node1", ["groupmod", "-g", "1000", "lab"], check=True)
+    assert refused.returncode != 0, tail(refused)
+    assert ("ddplab: error: the run user differs between node0 and node1: lab is uid 1000 gid 1000 on node0, "
+            "lab is uid 1000 gid 1777 on node1.") in refused.stdout, tail(refused)
+    assert "groupmod -g 1000 lab), or use an account that has them" in refused.stdout, tail(refused)
+    assert "Traceback" not in refused.stdout + refused.stderr
+    assert {h: r["changed"] for h, r in recap(refused).items()} == {"node0": 0, "node1": 0}, tail(refused)
+    assert [c.exec(h, conf, check=True).stdout for h in ("node0", "node1")] == before
+
+
+# Another person on the lab's machines. node1's own user bob is uid 1500; on node0 (the controller)
+# mallory's account, made separately, happens to have uid 1500 too (the first account of two people's
+# machines is often 1000 on both). mallory asks for a step on node1, and root for one on node1.
+OWNER_ATTEMPTS = r"""
+cd /tmp
+echo "== mallory srun"; runuser -u mallory -- timeout 60 srun -N1 -w node1 --job-name=mallory \
+  sh -c 'id -un > /home/bob/mallory-was-here' 2>&1; echo "rc=$?"
+echo "== mallory sbatch"; runuser -u mallory -- sbatch -N1 -w node1 --job-name=mallory --output=/dev/null \
+  --wrap 'id -un > /home/bob/mallory-was-here' 2>&1; echo "rc=$?"
+echo "== root srun"; timeout 60 srun -N1 -w node1 --job-name=root touch /tmp/root-job-ran 2>&1; echo "rc=$?"
+"""
+
+
+def test_another_owner_with_the_same_uid_and_root_run_no_job_on_the_lab(lab):
+    """No one let in. slurm.conf admits only the lab's group (AllowGroups, the run user's group) and no root
+    job (DisableRootJobs): mallory's srun and sbatch onto node1, which would run as bob there, and root's
+    srun are refused by slurmctld; nothing ran on node1, and the lab's own jobs still run (the other
+    tests)."""
+    c = lab["cluster"]
+    c.exec("node1", ["useradd", "-m", "-u", "1500", "bob"], check=True)
+    c.exec("node0", ["useradd", "-m", "-u", "1500", "mallory"], check=True)
+    try:
+        tried = c.exec("node0", ["bash", "-s"], input=OWNER_ATTEMPTS, timeout=240)
+        out = tried.stdout
+        print(f"\nslurm: another owner and root tried:\n{out}")
+        attempts = {name: code for name, _, code in re.findall(r"^== ([\w ]+)\n(.*?)^rc=(\d+)$", out,
+                                                                re.M | re.S)}
+        assert set(attempts) == {"mallory srun", "mallory sbatch", "root srun"}, out
+        assert all(code != "0" for code in attempts.values()), out
+        assert out.count("User's group not permitted to use this partition") == 2, out
+        assert re.search(r"== root srun\n.*(Access/permission denied|root)", out, re.S), out
+        assert c.exec("node1", ["test", "-e", "/home/bob/mallory-was-here"]).returncode != 0
+        assert c.exec("node1", ["test", "-e", "/tmp/root-job-ran"]).returncode != 0
+        assert on_master(c, "squeue -h --states=all -o %j").split().count("mallory") == 0
+    finally:
+        c.exec("node0", ["bash", "-c", "scancel -u mallory; scancel -n root; userdel -r mallory"], timeout=60)
+        c.exec("node1", ["userdel", "-r", "bob"], timeout=60)
+
+
 def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
     """Another user's job holds both nodes (a shared cluster): both runs are queued behind it, not refused,
     and run one after the other once it ends. The job holds the nodes until it is cancelled, so no run has
@@ -125,6 +200,7 @@ def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
     t0 = time.monotonic()
     other = on_master(c, "sbatch --parsable --exclusive -N 2 --job-name=other-user --chdir=/tmp "
                       "--output=/dev/null --wrap 'sleep 900'").strip()
+    job_ids = {}
     try:
         for run_id in ("queue-a", "queue-b"):
             proc = playbook("launch.yml", inventory=inv,
@@ -132,20 +208,24 @@ def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
             assert proc.returncode == 0, tail(proc)
             # queued, not refused (the reason shows once slurmctld's next scheduling pass saw the job)
             # (Resources, Priority, or "Nodes required for job are DOWN, ..." while a busy node answers late)
-            pending = rf"run {run_id} is Slurm job \d+ \(pending(, [^)]+)?\); its output"
-            assert re.search(pending, proc.stdout), tail(proc)
+            pending = re.search(rf"run {run_id} is Slurm job (\d+) \(pending(, [^)]+)?\); its output",
+                                proc.stdout)
+            assert pending, tail(proc)
+            job_ids[run_id] = pending[1]
     finally:
         on_master(c, f"scancel {other}")
     done = playbook("launch.yml", inventory=inv, extra={"ddplab_run_id": "queue-c", "ddplab_trainer_steps": 1,
                                                        "ddplab_wait": "true"}, timeout=900)
     assert done.returncode == 0, tail(done)
-    rows = [ln.split() for ln in on_master(c, "squeue -h --states=all -o '%j %T %S %e'").splitlines()]
+    job_ids["queue-c"] = re.search(r"run queue-c is Slurm job (\d+)", done.stdout)[1]
+    rows = [ln.split() for ln in on_master(c, "squeue -h --states=all -o '%i %T %S %e %j'").splitlines()]
     jobs = {r[0]: r[1:] for r in rows}
-    spans = [f"{n} {s[0]} {s[1][11:]}..{s[2][11:]}" for n, s in sorted(jobs.items())
-             if n.startswith("ddplab-queue")]
+    spans = [f"{jobs[j][3]} {jobs[j][0]} {jobs[j][1][11:]}..{jobs[j][2][11:]}" for j in job_ids.values()]
     print(f"\nslurm: two runs queued behind another user's job, and a third, all done in "
           f"{time.monotonic() - t0:.0f} s: " + "; ".join(spans))
-    a, b, c_ = jobs["ddplab-queue-a"], jobs["ddplab-queue-b"], jobs["ddplab-queue-c"]
+    # each named after this lab's tag and the run
+    assert all(re.fullmatch(rf"ddplab-[0-9a-f]{{8}}-{r}", jobs[j][3]) for r, j in job_ids.items()), rows
+    a, b, c_ = (jobs[job_ids[r]] for r in ("queue-a", "queue-b", "queue-c"))
     assert a[0] == b[0] == c_[0] == "COMPLETED", rows
     assert a[2] <= b[1] and b[2] <= c_[1], rows  # one after the other
     for run_id in ("queue-a", "queue-b"):
@@ -155,10 +235,19 @@ def test_two_runs_submitted_at_once_queue_and_both_finish(lab):
 
 def test_a_run_on_part_of_the_lab_trains_while_another_job_holds_the_rest(lab):
     """ddplab_slurm_nodes 1: the job asks for node0 alone (rank 0), so it runs at once while another user's
-    job holds node1, and everything of the run (status, outcome, logs, summary) is of node0 alone."""
+    job holds node1, and everything of the run (status, outcome, logs, summary) is of node0 alone.
+    Meanwhile a colleague in the lab's group has a job named ddplab-x waiting, and the run user a waiting
+    job of another lab folder (its tag is not this lab's): neither is a run of this lab, so the launch
+    checks and prepares the nodes as usual (it used to take any ddplab-* job for one and skip both)."""
     c, inv = lab["cluster"], lab["inv"]
     other = on_master(c, "sbatch --parsable --exclusive -N 1 -w node1 --job-name=other-user --chdir=/tmp "
                       "--output=/dev/null --wrap 'sleep 900'").strip()
+    c.exec("node0", ["useradd", "-m", "-g", "lab", "colleague"], check=True)
+    held = "sbatch --parsable --hold -N 1 --chdir=/tmp --output=/dev/null --wrap true --job-name="
+    not_ours = [c.exec("node0", ["su", "colleague", "-c", held + "ddplab-x"], check=True).stdout.strip(),
+                on_master(c, held + "ddplab-0badc0de-x").strip()]
+    verdict = lab["runs"] / "preflight" / "latest.json"
+    checked_before = verdict.stat().st_mtime_ns
     try:
         t0 = time.monotonic()
         run = playbook("launch.yml", inventory=inv, extra={"ddplab_run_id": "part-a", "ddplab_slurm_nodes": 1,
@@ -168,8 +257,15 @@ def test_a_run_on_part_of_the_lab_trains_while_another_job_holds_the_rest(lab):
               f"{time.monotonic() - t0:.0f} s")
         assert run.returncode == 0, tail(run, 120)
         assert "other-user" in on_master(c, f"squeue -h -j {other} -o '%j %T'")  # still holding node1
+        assert "neither checked nor prepared" not in run.stdout, tail(run, 120)
+        assert verdict.stat().st_mtime_ns > checked_before  # preflight ran: the nodes were checked
+        assert re.search(r"run part-a is Slurm job \d+", run.stdout), tail(run, 120)
+        # still waiting, untouched: the launch neither counted nor cancelled them
+        states = on_master(c, "squeue -h --states=all -j " + ",".join(not_ours) + " -o %T").split()
+        assert states == ["PENDING", "PENDING"], states
     finally:
-        on_master(c, f"scancel {other}")
+        c.exec("node0", ["scancel", other, *not_ours], timeout=60)
+        c.exec("node0", ["userdel", "-r", "colleague"], timeout=60)
     summary = json.loads((lab["runs"] / "part-a" / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["exit_codes"] == {"node0/rank0": 0}, summary
     assert "rank 0/1 on node0" in on_master(c, "cat ~/ddplab/runs/part-a/slurm-*.out")
@@ -311,6 +407,7 @@ def test_a_node_lost_mid_job_ends_the_job_and_status_names_it(lab):
     launched = playbook("launch.yml", inventory=inv, extra={"ddplab_run_id": "lost-node",
                                                            "ddplab_trainer_steps": 3000}, timeout=600)
     assert launched.returncode == 0, tail(launched)
+    job_id = re.search(r"run lost-node is Slurm job (\d+)", launched.stdout)[1]
     metrics = "~/ddplab/runs/lost-node/out/metrics.rank0.jsonl"
     deadline = time.monotonic() + 300
     while not re.search(r'"step": [3-9]', on_master(c, f"cat {metrics} 2>/dev/null || true")):
@@ -323,7 +420,7 @@ def test_a_node_lost_mid_job_ends_the_job_and_status_names_it(lab):
         while "NODE_FAIL" not in job:
             assert time.monotonic() < t0 + 240, job
             time.sleep(3)
-            job = on_master(c, "squeue -h --states=all --name=ddplab-lost-node -o %T")
+            job = on_master(c, f"squeue -h --states=all -j {job_id} -o %T")
         print(f"\nslurm: node1 lost mid-job; the job ended NODE_FAIL {time.monotonic() - t0:.0f} s later")
         status = playbook("status.yml", inventory=inv, extra={"ddplab_run_id": "lost-node"}, timeout=600)
         assert re.search(r"^\s*\"node1\s+rank 1\s+not answering", status.stdout, re.M), tail(status)
