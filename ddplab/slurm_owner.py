@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import re
 
-ID_LINE = re.compile(r"uid=(\d+)\(([^)]*)\) gid=(\d+)\(([^)]*)\)")
+# `id` names a number only where the node has a name for it ("gid=1777" alone when no group has it)
+ID_LINE = re.compile(r"uid=(\d+)(?:\(([^)]*)\))? gid=(\d+)(?:\(([^)]*)\))?")
 
 
 def run_user(id_stdout: str) -> dict | None:
-    """`id` output ("uid=1000(lab) gid=1000(lab) groups=...") -> {uid, user, gid, group}; None if not that."""
+    """`id` output ("uid=1000(lab) gid=1000(lab) groups=...") -> {uid, user, gid, group} (a number without a
+    name stands for its name); None if it is not that."""
     m = ID_LINE.search(id_stdout or "")
-    return {"uid": int(m[1]), "user": m[2], "gid": int(m[3]), "group": m[4]} if m else None
+    if not m:
+        return None
+    return {"uid": int(m[1]), "user": m[2] or m[1], "gid": int(m[3]), "group": m[4] or m[3]}
 
 
 def mismatch(first: str, a: dict, host: str, b: dict) -> tuple[str, str] | None:
@@ -28,9 +32,11 @@ def mismatch(first: str, a: dict, host: str, b: dict) -> tuple[str, str] | None:
              f"on {first}, {b['user']} is uid {b['uid']} gid {b['gid']} on {host}. Slurm runs a job on every "
              f"node under the submitter's numbers, so on {host} the lab's jobs would run as whoever has uid "
              f"{a['uid']} there (and jobs from {host} as uid {b['uid']} on {first})")
-    fix = (f"Give the account the same uid and gid on every node (as root on {host}: usermod -u {a['uid']} "
-           f"{b['user']}; groupmod -g {a['gid']} {b['group']}), or use an account that has them, then run "
-           "playbooks/slurm.yml again")
+    steps = [f"usermod -u {a['uid']} {b['user']}"] if a["uid"] != b["uid"] else []
+    if a["gid"] != b["gid"]:  # groupmod renumbers the group, usermod -g the user's primary gid
+        steps += [f"groupmod -g {a['gid']} {b['group']}", f"usermod -g {a['gid']} {b['user']}"]
+    fix = (f"Give the account the same uid and gid on every node (as root on {host}: {'; '.join(steps)}), or "
+           "use an account that has them, then run playbooks/slurm.yml again")
     return found, fix
 
 

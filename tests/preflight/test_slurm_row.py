@@ -50,7 +50,7 @@ def test_a_working_cluster_passes(slurm_lab, tmp_path):
      "the run user differs between node0 and node1: lab is uid 1000 gid 1000 on node0, me is uid 1001 gid "
      "1000 on node1. Slurm runs a job on every node under the submitter's numbers, so on node1 the lab's "
      "jobs would run as whoever has uid 1000 there (and jobs from node1 as uid 1001 on node0)",
-     "(as root on node1: usermod -u 1000 me; groupmod -g 1000 lab)"),
+     "(as root on node1: usermod -u 1000 me)"),
     (lambda p: p["sinfo"].update(ok=False, state=None, error="sinfo: error: Protocol authentication error"),
      "slurmctld on node0 refuses node1's munge credential (sinfo: error: Protocol authentication error): "
      "the munge keys differ", SETUP),

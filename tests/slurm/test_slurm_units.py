@@ -86,7 +86,8 @@ def test_run_user_read_from_id_and_a_uid_or_gid_that_differs_between_nodes_is_on
     msg = owner.slurm_owner_problem(["a", "b", "c"], other_gid)
     assert msg.startswith("ddplab: error: the run user differs between a and c: lab is uid 1000 gid 1000 "
                           "on a, lab is uid 1000 gid 1777 on c.")
-    assert "groupmod -g 1000 lab" in msg and "run playbooks/slurm.yml again" in msg
+    assert "(as root on c: groupmod -g 1000 lab; usermod -g 1000 lab)" in msg and "slurm.yml again" in msg
+    assert owner.slurm_run_user("uid=1000(lab) gid=1777 groups=1777") == {**me, "gid": 1777, "group": "1777"}
     assert "uid 1001 gid 1000 on b" in owner.slurm_owner_problem(["a", "b"], {**same, "b": {"slurm_id": {
         **me, "uid": 1001}}})
     assert owner.slurm_allow_groups("", me) == "lab" and owner.slurm_allow_groups("lab,ta", me) == "lab,ta"

@@ -138,15 +138,17 @@ def test_a_run_user_whose_gid_differs_on_one_node_is_refused_before_any_change(l
     c, inv = lab["cluster"], lab["inv"]
     conf = ["stat", "-c", "%Y", "/etc/slurm/slurm.conf"]
     before = [c.exec(h, conf, check=True).stdout for h in ("node0", "node1")]
-    c.exec("node1", ["groupmod", "-g", "1777", "lab"], check=True)
+    # the group and the user's primary gid, by hand (usermod -g would also change the files' group in ~lab)
+    renumber = "groupmod -g {0} lab && sed -i 's/^lab:x:1000:[0-9]*:/lab:x:1000:{0}:/' /etc/passwd && id lab"
+    assert "gid=1777(lab)" in c.exec("node1", ["sh", "-c", renumber.format(1777)], check=True).stdout
     try:
         refused = playbook("slurm.yml", inventory=inv, timeout=600)
     finally:
-        c.exec("node1", ["groupmod", "-g", "1000", "lab"], check=True)
+        c.exec("node1", ["sh", "-c", renumber.format(1000)], check=True)
     assert refused.returncode != 0, tail(refused)
     assert ("ddplab: error: the run user differs between node0 and node1: lab is uid 1000 gid 1000 on node0, "
             "lab is uid 1000 gid 1777 on node1.") in refused.stdout, tail(refused)
-    assert "groupmod -g 1000 lab), or use an account that has them" in refused.stdout, tail(refused)
+    assert "(as root on node1: groupmod -g 1000 lab; usermod -g 1000 lab), or use" in refused.stdout
     assert "Traceback" not in refused.stdout + refused.stderr
     assert {h: r["changed"] for h, r in recap(refused).items()} == {"node0": 0, "node1": 0}, tail(refused)
     assert [c.exec(h, conf, check=True).stdout for h in ("node0", "node1")] == before
