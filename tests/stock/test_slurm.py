@@ -245,6 +245,8 @@ def test_a_run_on_part_of_the_lab_trains_while_another_job_holds_the_rest(lab):
     other = on_master(c, "sbatch --parsable --exclusive -N 1 -w node1 --job-name=other-user --chdir=/tmp "
                       "--output=/dev/null --wrap 'sleep 900'").strip()
     c.exec("node0", ["useradd", "-m", "-g", "lab", "colleague"], check=True)
+    # slurmctld reads the members of AllowGroups when it starts or is told to (slurm.conf(5))
+    c.exec("node0", ["scontrol", "reconfigure"], check=True)
     held = "sbatch --parsable --hold -N 1 --chdir=/tmp --output=/dev/null --wrap true --job-name="
     not_ours = [c.exec("node0", ["su", "colleague", "-c", held + "ddplab-x"], check=True).stdout.strip(),
                 on_master(c, held + "ddplab-0badc0de-x").strip()]
