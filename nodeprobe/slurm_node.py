@@ -68,10 +68,12 @@ def sinfo_state(name: str) -> dict:
 
 
 def owner() -> dict:
-    """The login user's numbers and names (as `id` prints them)."""
+    """The login user's numbers and names as the account database has them (`id NAME`; this process's own
+    gid may predate a change, over a reused SSH connection)."""
     uid, gid = os.getuid(), os.getgid()
     try:
-        user = pwd.getpwuid(uid).pw_name
+        entry = pwd.getpwuid(uid)
+        user, gid = entry.pw_name, entry.pw_gid
     except KeyError:
         user = str(uid)
     try:
