@@ -185,7 +185,8 @@ def test_another_owner_with_the_same_uid_and_root_run_no_job_on_the_lab(lab):
         assert all(code != "0" for code in attempts.values()), out
         assert out.count("User's group not permitted to use this partition") == 2, out
         # DisableRootJobs: slurmctld refuses a job of uid 0 (Slurm 22.05's words)
-        assert re.search(r"== root srun\nsrun: error: Unable to allocate resources: Invalid user id\n", out), out
+        root_refused = "== root srun\nsrun: error: Unable to allocate resources: Invalid user id\n"
+        assert root_refused in out, out
         assert c.exec("node1", ["test", "-e", "/home/bob/mallory-was-here"]).returncode != 0
         assert c.exec("node1", ["test", "-e", "/tmp/root-job-ran"]).returncode != 0
         assert on_master(c, "squeue -h --states=all -o %j").split().count("mallory") == 0
