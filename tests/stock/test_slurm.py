@@ -157,13 +157,15 @@ def test_a_run_user_whose_gid_differs_on_one_node_is_refused_before_any_change(l
 # Another person on the lab's machines. node1's own user bob is uid 1500; on node0 (the controller)
 # mallory's account, made separately, happens to have uid 1500 too (the first account of two people's
 # machines is often 1000 on both). mallory asks for a step on node1, and root for one on node1.
+# (srun's stdin is /dev/null: it would pass this script's rest to the step)
 OWNER_ATTEMPTS = r"""
 cd /tmp
 echo "== mallory srun"; runuser -u mallory -- timeout 60 srun -N1 -w node1 --job-name=mallory \
-  sh -c 'id -un > /home/bob/mallory-was-here' 2>&1; echo "rc=$?"
+  sh -c 'id -un > /home/bob/mallory-was-here' < /dev/null 2>&1; echo "rc=$?"
 echo "== mallory sbatch"; runuser -u mallory -- sbatch -N1 -w node1 --job-name=mallory --output=/dev/null \
   --wrap 'id -un > /home/bob/mallory-was-here' 2>&1; echo "rc=$?"
-echo "== root srun"; timeout 60 srun -N1 -w node1 --job-name=root touch /tmp/root-job-ran 2>&1; echo "rc=$?"
+echo "== root srun"; timeout 60 srun -N1 -w node1 --job-name=root touch /tmp/root-job-ran < /dev/null 2>&1
+echo "rc=$?"
 """
 
 
