@@ -21,7 +21,7 @@ TEST_WORKERS ?= 3
 DIST_SIZE_MB ?= 1024
 DIST_ROUNDS ?= 3
 
-.PHONY: help setup lint test test-fast data wheelhouse tune train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch bench-lowcomm bench-distribution clean
+.PHONY: help setup lint test test-fast data wheelhouse tune train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch bench-lowcomm bench-distribution bench-shard clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -84,6 +84,9 @@ bench-lowcomm: setup  ## Low-communication modes vs per-step DDP at equal tokens
 
 bench-distribution: setup  ## Star vs relay: DIST_SIZE_MB to 2, 4, 8 simulated hosts, uplink 100 Mbit/s or 1 Gbit/s (root)
 	$(BIN)/python bench/distribution.py --size-mb $(DIST_SIZE_MB) --rounds $(DIST_ROUNDS)
+
+bench-shard: setup  ## DDP vs --shard on 2 simulated hosts capped at 1100 MiB each: the largest model each trains, tokens/s where both do (root; SHARD_ARGS="--hosts 2 4")
+	$(BIN)/python bench/shard.py $(SHARD_ARGS)
 
 bench-preflight: setup  ## Preflight wall time, healthy and per fault, on simulated hosts (root)
 	$(BIN)/python bench/preflight_bench.py
