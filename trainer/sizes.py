@@ -9,6 +9,9 @@ from dataclasses import dataclass
 # A rank's memory before any tensor of the model: Python, torch, gloo, pyarrow and the data loader (peak RSS
 # of a depth-1 run, torch 2.13 CPU: 387 MiB)
 RUNTIME_BYTES = 400 << 20
+# a DDP checkpoint on rank 0: the weights and both AdamW moments serialized in memory before the write
+# (trainer/checkpoint.py); --shard's DCP writes each rank's shards from the tensors themselves
+CHECKPOINT_BYTES_PER_PARAM = 12
 # torchrun's agent, once on every node beside its ranks (a Python with torch imported: 249 MiB RSS)
 AGENT_BYTES = 256 << 20
 
@@ -40,7 +43,8 @@ def estimate_train_memory(c: GPTConfig, batch_size: int, world_size: int = 2, by
     fp32 weights (4) + grads (4) + AdamW moments (8) + communication (4 when world_size > 1: the grads are
     views of DDP's buckets, but a compression hook's buffer or PowerSGD's error feedback take up to that)
     per parameter, plus activations kept for backward: per token and block about 16*C values plus the
-    attention rows (n_head*T), and the logits three times (logits, softmax, grad), plus RUNTIME_BYTES.
+    attention rows (n_head*T), and the logits three times (logits, softmax, grad), plus RUNTIME_BYTES and
+    the checkpoint serialized in memory (CHECKPOINT_BYTES_PER_PARAM).
 
     shard (FSDP2 over world_size ranks, trainer/shard.py): the 16 bytes a parameter are split over the
     ranks; on top, the parameters in use whole: the root's (embedding and head, gathered for the whole
@@ -53,5 +57,5 @@ def estimate_train_memory(c: GPTConfig, batch_size: int, world_size: int = 2, by
     if shard and world_size > 1:
         root, block = 2 * c.vocab_size * c.n_embd, 12 * c.n_embd * c.n_embd
         return RUNTIME_BYTES + -(-n * 16 // world_size) + 4 * (2 * root + 3 * block) + acts * bytes_per_act
-    per_param = 16 + (4 if world_size > 1 else 0)
+    per_param = 16 + (4 if world_size > 1 else 0) + CHECKPOINT_BYTES_PER_PARAM
     return RUNTIME_BYTES + n * per_param + acts * bytes_per_act
