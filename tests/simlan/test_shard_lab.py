@@ -22,8 +22,8 @@ from trainer.data.shards import prepare
 pytestmark = pytest.mark.simlan
 
 CAP_MB = 1100
-# 28.7M parameters: ~954 MiB a rank with DDP (estimate), ~709 MiB sharded over 2, ~636 over 3; with torchrun's
-# agent (256 MiB) DDP needs more than the cap, sharded fits
+# 28.7M parameters: ~1,282 MiB a rank with DDP (estimate), ~709 MiB sharded over 2, ~636 over 3; with
+# torchrun's agent (256 MiB) DDP needs more than the cap, sharded fits
 MODEL = ["--depth", "4", "--n-embd", "768", "--n-head", "12", "--seq-len", "32", "--batch-size", "1"]
 RUN = [*MODEL, "--threads", "1", "--steps", "4", "--ckpt-every", "2", "--check-every", "2", "--shard",
        "--val-row-groups", "1", "--eval-batches", "3"]
