@@ -21,7 +21,7 @@ TEST_WORKERS ?= 3
 DIST_SIZE_MB ?= 1024
 DIST_ROUNDS ?= 3
 
-.PHONY: help setup lint test test-fast data wheelhouse tune train demo follow bench bench-hetero bench-trainer bench-preflight bench-relaunch bench-lowcomm bench-distribution bench-shard clean
+.PHONY: help setup lint test test-fast data wheelhouse tune train demo follow bench bench-hetero bench-wifi bench-trainer bench-preflight bench-relaunch bench-lowcomm bench-distribution bench-shard clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -72,6 +72,9 @@ bench: data  ## Scaling lab on 2 simulated hosts at 1 Gbit/s (root, ~40 min): ru
 
 bench-hetero: setup  ## Balanced vs uniform DDP, node1 at half a core (root, ~6 min; HETERO_ARGS="--case 3" for 3 hosts, --priority on a busy machine)
 	$(BIN)/python bench/hetero.py $(HETERO_ARGS)
+
+bench-wifi: setup  ## Wired vs Wi-Fi-like links (delay, jitter, loss) at 2 hosts: tokens/s, all-reduce (root, ~10 min)
+	$(BIN)/python bench/wifi.py
 
 bench-trainer: setup  ## 1 vs 2 ranks on this machine against a textbook DDP loop
 	$(BIN)/python bench/trainer_scaling.py

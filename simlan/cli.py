@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("thaw", help="a lid that opens: the frozen host's processes run on")
     t.add_argument("node")
 
+    w = sub.add_parser("link", help="a Wi-Fi-like link: delay, jitter and loss on a host's outgoing packets")
+    w.add_argument("node")
+    w.add_argument("--delay", default="0ms", help="added to every packet, e.g. 3ms")
+    w.add_argument("--jitter", default="0ms", help="a further random 0..2x this, e.g. 8ms (mean: this)")
+    w.add_argument("--loss", default="0%", help="packets dropped, e.g. 0.5%%")
+    w.add_argument("--clear", action="store_true", help="a plain link again")
+
     s = sub.add_parser("sshd", help="stop, start or restart a host's sshd")
     s.add_argument("node")
     s.add_argument("action", choices=["stop", "start", "restart"])
@@ -155,6 +162,16 @@ def main(argv: list[str] | None = None) -> int:
             c = _require_cluster(cluster_mod)
             (c.freeze_host if args.command == "freeze" else c.thaw_host)(args.node)
             print(f"simlan: {args.node}: {'frozen' if args.command == 'freeze' else 'thawed'}")
+            return 0
+        if args.command == "link":
+            c = _require_cluster(cluster_mod)
+            if args.clear:
+                c.set_link(args.node)
+                print(f"simlan: {args.node}: plain link")
+            else:
+                c.set_link(args.node, args.delay, args.jitter, args.loss)
+                print(f"simlan: {args.node}: outgoing delay {args.delay}, jitter {args.jitter}, "
+                      f"loss {args.loss}")
             return 0
         if args.command == "sshd":
             c = _require_cluster(cluster_mod)

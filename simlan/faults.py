@@ -9,13 +9,13 @@ import os
 import signal
 import time
 
-from simlan import freezer, network
+from simlan import freezer, network, wifi
 from simlan.defaults import READY_TIMEOUT, SSHD
 from simlan.errors import SimlanError
 from simlan.hosts import Cluster
 from simlan.probe import comm, ssh_answers
 from simlan.state import locked
-from simlan.system import kill_recorded, processes_in_pid_namespace, require, wait_gone
+from simlan.system import kill_recorded, processes_in_pid_namespace, require, start_time, wait_gone
 
 
 def kill_host(cluster: Cluster, name: str, *, keep_link: bool = False) -> None:
@@ -62,6 +62,24 @@ def freeze_host(cluster: Cluster, name: str) -> None:
         if not h.alive:
             raise SimlanError(f"{name} is down (its PID 1 is gone); nothing to freeze")
         h.freezer = freezer.freeze(name, lambda: processes_in_pid_namespace(h.pid1))
+        cluster.save()
+
+
+def set_link(cluster: Cluster, name: str, delay: str, jitter: str, loss: str) -> None:
+    """Give the host's outgoing packets a delay, jitter and loss (simlan.wifi), replacing the link it had;
+    all zero leaves a plain link."""
+    values = wifi.parse_time(delay, "delay"), wifi.parse_time(jitter, "jitter"), wifi.parse_loss(loss)
+    with locked(cluster.state_dir):
+        h = cluster.host(name)
+        if not h.alive:
+            raise SimlanError(f"{name} is down (its PID 1 is gone); nothing to shape")
+        ns = network.netns_name(name)
+        if h.link:
+            wifi.stop(ns, h.link.get("pid"), h.link.get("start"))
+            h.link = None
+        if any(values):
+            pid = wifi.start(ns, *values)
+            h.link = {"delay": delay, "jitter": jitter, "loss": loss, "pid": pid, "start": start_time(pid)}
         cluster.save()
 
 

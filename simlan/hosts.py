@@ -32,6 +32,7 @@ class Host:
     cgroup: str | None = None  # its own cgroup when it has a --cpu-quota
     mem_cgroup: str | None = None  # its own memory cgroup when it has a --mem-limit
     freezer: str | None = None  # its cgroup in the freezer once it was frozen (simlan.freezer)
+    link: dict | None = None  # a Wi-Fi-like link (simlan.wifi): {"delay", "jitter", "loss", "pid", "start"}
 
     @property
     def alive(self) -> bool:
@@ -230,6 +231,12 @@ class Cluster:
         from simlan import faults
 
         faults.freeze_host(self, name)
+
+    def set_link(self, name: str, delay: str = "0ms", jitter: str = "0ms", loss: str = "0%") -> None:
+        """Delay, jitter and loss on the host's outgoing packets (simlan.wifi); all zero: a plain link."""
+        from simlan import faults
+
+        faults.set_link(self, name, delay, jitter, loss)
 
     def thaw_host(self, name: str) -> None:
         """The lid opens again: the frozen processes run on."""

@@ -238,6 +238,8 @@ def _teardown(cluster: Cluster, tools: dict[str, str]) -> None:
     ip = tools["ip"]
     for h in cluster.hosts:  # SIGKILL of PID 1 ends every process of the host
         freezer.thaw(h.freezer)  # a v1-frozen task keeps a SIGKILL pending until it thaws
+        if h.link:  # the link delayer (simlan.wifi) runs in the host's namespace, outside its PID namespace
+            kill_recorded(h.link.get("pid"), h.link.get("start"))
         kill_recorded(h.pid1, h.pid1_start)
     for h in cluster.hosts:
         wait_gone(h.pid1, h.pid1_start)

@@ -4,10 +4,12 @@ sshd stop/start, kill-host, `down` (twice), a failed `up` leaves nothing, and th
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -152,6 +154,61 @@ def test_freeze_stops_every_process_of_a_host_until_thaw_and_down_removes_it(sim
         assert not Path(group).exists()
     finally:
         simlan_cluster.discard()
+
+
+# node0 -> node1: TCP round trips to an echo server on node1 (delay is added on node1's way back), and
+# 1000 UDP datagrams node1 -> node0 (loss).
+ECHO = ("import socket; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        "s.bind(('0.0.0.0', 45998)); s.listen(); c, _ = s.accept()\nwhile (d := c.recv(64)): c.sendall(d)")
+PING = ("import json, socket, statistics, sys, time\nc = socket.create_connection((sys.argv[1], 45998), "
+        "timeout=10); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1); rtts = []\n"
+        "for _ in range(15):\n t = time.perf_counter(); c.sendall(b'x'); c.recv(64)\n"
+        " rtts.append((time.perf_counter() - t) * 1e3)\n"
+        "print(json.dumps({'rtt_ms': statistics.median(rtts)}))")
+UDP_COUNT = 1000
+
+
+def _udp_received(cluster, sender: str, receiver: str) -> int:
+    """Datagrams of UDP_COUNT sent from `sender` that `receiver` got."""
+    addr = cluster.host(receiver).addr
+    listen = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+              "s.bind(('0.0.0.0', 45999)); s.settimeout(3); n = 0\nwhile True:\n try: s.recv(64); n += 1\n"
+              " except TimeoutError: break\nprint(n)")
+    rx = cluster.popen(receiver, [sys.executable, "-c", listen], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    send = (f"import socket, time; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nfor i in "
+            f"range({UDP_COUNT}):\n s.sendto(b'x', ('{addr}', 45999)); time.sleep(0.0005)")
+    cluster.exec(sender, [sys.executable, "-c", send], timeout=60, check=True)
+    out, _ = rx.communicate(timeout=30)
+    return int(out.strip())
+
+
+def test_link_delay_jitter_and_loss_are_measured_and_cleared(simlan2, simlan_cli):
+    """simlan link (simlan/wifi.py: NFQUEUE, as this kernel has no netem): node1's outgoing packets wait
+    its delay (+ jitter) and some are lost; --clear gives the plain link back."""
+    def rtt() -> float:
+        echo = simlan2.popen("node1", [sys.executable, "-c", ECHO])
+        time.sleep(0.5)
+        out = simlan2.exec("node0", [sys.executable, "-c", PING, simlan2.host("node1").addr], timeout=60)
+        echo.wait(timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["rtt_ms"]
+
+    plain = rtt()
+    proc = simlan_cli("link", "node1", "--delay", "40ms", "--jitter", "5ms", "--loss", "10%")
+    assert proc.returncode == 0, proc.stderr
+    shaped = rtt()
+    received = _udp_received(simlan2, "node1", "node0")
+    print(f"\n[simlan] node0 -> node1 round trip p50: plain {plain:.1f} ms, node1 at delay 40ms jitter 5ms "
+          f"loss 10 %: {shaped:.1f} ms; UDP from node1: {received}/{UDP_COUNT} received")
+    assert 40 <= shaped - plain < 40 + 10 + 40  # delay + mean jitter, and room for a loaded machine
+    assert 0.82 * UDP_COUNT <= received <= 0.97 * UDP_COUNT
+    assert simlan_cli("link", "node1", "--clear").returncode == 0
+    assert rtt() < 20 and _udp_received(simlan2, "node1", "node0") == UDP_COUNT
+    assert simlan.load().host("node1").link is None
+    bad = simlan_cli("link", "node1", "--delay", "fast")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "simlan: error: --delay 'fast': not a time; use e.g. --delay 3ms (us, ms, s)"
 
 
 def test_down_removes_everything_and_is_safe_twice(simlan2, simlan_cli):
