@@ -109,12 +109,13 @@ def test_script_passes_bash_n_and_runs_the_tmux_paths_trainer_argv(exported):
 
 
 def test_each_local_rank_compiles_into_a_folder_of_its_own(exported, tmp_path):
-    """The job writes the launch role's rank_python (torchrun's PYTHON_EXEC) into the run folder; each
-    node's ranks compile under ROOT/compile-cache/<host>/local<LOCAL_RANK> (the root is shared)."""
+    """Each node's rank group writes the launch role's rank_python (torchrun's PYTHON_EXEC) into the run
+    folder under its own name (the root may be shared or each node's own); each node's ranks compile under
+    ROOT/compile-cache/<host>/local<LOCAL_RANK>."""
     script, root = exported
     text = script.read_text()
     wrapper = re.search(r"<<'(DDPLAB_RANK_PYTHON_*)'\n(.*?)^\1$", text, re.M | re.S).group(2)
-    assert 'PYTHON_EXEC="$DDPLAB_RUN_DIR/rank_python"' in text
+    assert 'local wrapper="$DDPLAB_RUN_DIR/rank_python-$DDPLAB_HOST"' in text and 'PYTHON_EXEC="$wrapper"' in text
     assert f"export DDPLAB_COMPILE_CACHE={root}/compile-cache/\"$DDPLAB_HOST\"" in text
     (tmp_path / "rank_python").write_text(wrapper)
     cache = tmp_path / "compile-cache" / "box-b"
