@@ -115,7 +115,8 @@ def test_each_local_rank_compiles_into_a_folder_of_its_own(exported, tmp_path):
     script, root = exported
     text = script.read_text()
     wrapper = re.search(r"<<'(DDPLAB_RANK_PYTHON_*)'\n(.*?)^\1$", text, re.M | re.S).group(2)
-    assert 'local wrapper="$DDPLAB_RUN_DIR/rank_python-$DDPLAB_HOST"' in text and 'PYTHON_EXEC="$wrapper"' in text
+    assert 'local wrapper="$DDPLAB_RUN_DIR/rank_python-$DDPLAB_HOST"' in text
+    assert 'PYTHON_EXEC="$wrapper"' in text
     assert f"export DDPLAB_COMPILE_CACHE={root}/compile-cache/\"$DDPLAB_HOST\"" in text
     (tmp_path / "rank_python").write_text(wrapper)
     cache = tmp_path / "compile-cache" / "box-b"
