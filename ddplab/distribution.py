@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import socket
 import sys
 
@@ -46,7 +47,7 @@ def obstacle(nodes: list[dict]) -> str:
                     "an authorized_keys forced command cannot hold safely")
         if "rsync" in n and not n["rsync"]:
             return f"{n['name']} has no rsync (playbooks/prepare.yml installs it)"
-        if "host_keys" in n and not n["host_keys"]:
+        if "host_keys" in n and not own_host_keys(n):
             return (f"{n['name']}'s SSH server did not give its host key to ssh-keyscan on the node itself, "
                     "so the other nodes could not check it")
     return ""
@@ -73,6 +74,16 @@ def peers(nodes: list[dict]) -> list[dict]:
             for n in nodes if "addr" in n]
 
 
+def own_host_keys(node: dict) -> list[str]:
+    """The node's ssh-keyscan lines that name its own lab address (``addr keytype key`` or, on another port,
+    ``[addr]:port keytype key``): a node vouches for its own host key, not a peer's (nor a wildcard or a
+    ``@cert-authority`` line)."""
+    addr = str(node.get("addr", ""))
+    own = re.compile(re.escape(addr) + "|" + re.escape(f"[{addr}]") + r":\d+")
+    return [" ".join(words) for words in (line.split() for line in node.get("host_keys", []))
+            if len(words) == 3 and own.fullmatch(words[0])]
+
+
 def decide(setting: str, nodes: list[dict]) -> dict:
     if setting not in SETTINGS:
         raise DdplabError(f"ddplab_distribution is {setting!r}; use one of {', '.join(SETTINGS)}")
@@ -86,7 +97,7 @@ def decide(setting: str, nodes: list[dict]) -> dict:
     if why:
         return {"mode": "star", "why": f"ddplab: warning: no relay ({why}); the control host sends each node "
                                        "its files (star)"}
-    keys = sorted({line.strip() for n in nodes for line in n.get("host_keys", []) if line.strip()})
+    keys = sorted({line for n in nodes for line in own_host_keys(n)})
     return {"mode": "relay", "why": f"relay: each changed file leaves the control host once, to "
                                     f"{nodes[0]['name']}; the {len(nodes)} nodes pass it on",
             "known_hosts": "".join(line + "\n" for line in keys), "peers": peers(nodes)}

@@ -209,6 +209,17 @@ def test_choice_auto_star_relay_and_why():
         distribution.decide("p2p", three)
 
 
+def test_a_node_vouches_for_its_own_host_key_only():
+    node = {"name": "n1", "addr": "10.0.0.1", "host_keys": [
+        "10.0.0.1 ssh-ed25519 OWN", "[10.0.0.1]:2222 ssh-ed25519 PORT", "10.0.0.2 ssh-ed25519 PEERS",
+        "* ssh-ed25519 ANY", "@cert-authority 10.0.0.1 ssh-ed25519 CA", "10.0.0.10 ssh-ed25519 PREFIX"]}
+    own = ["10.0.0.1 ssh-ed25519 OWN", "[10.0.0.1]:2222 ssh-ed25519 PORT"]
+    assert distribution.own_host_keys(node) == own
+    rogue = [{"name": f"n{i}", "root": "/lab", "addr": f"10.0.0.{i}", "rsync": "/s",
+              "host_keys": [f"10.0.0.{i} ssh-ed25519 K{i}", "10.0.0.0 ssh-ed25519 FAKE"]} for i in range(3)]
+    assert "FAKE" not in distribution.decide("auto", rogue)["known_hosts"]
+
+
 def test_the_verb_answers_json():
     spec = {"setting": "auto", "nodes": [{"name": "a", "root": "/lab"}]}
     out = subprocess.run([sys.executable, "-m", "ddplab", "distribution"], input=json.dumps(spec), cwd=REPO,
