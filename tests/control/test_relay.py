@@ -216,7 +216,8 @@ def test_a_node_vouches_for_its_own_host_key_only():
     own = ["10.0.0.1 ssh-ed25519 OWN", "[10.0.0.1]:2222 ssh-ed25519 PORT"]
     assert distribution.own_host_keys(node) == own
     rogue = [{"name": f"n{i}", "root": "/lab", "addr": f"10.0.0.{i}", "rsync": "/s",
-              "host_keys": [f"10.0.0.{i} ssh-ed25519 K{i}", "10.0.0.0 ssh-ed25519 FAKE"]} for i in range(3)]
+              "host_keys": [f"10.0.0.{i} ssh-ed25519 K{i}", f"10.0.0.{(i + 1) % 3} ssh-ed25519 FAKE"]}
+             for i in range(3)]  # each also claims the next node's address
     assert "FAKE" not in distribution.decide("auto", rogue)["known_hosts"]
 
 
