@@ -260,10 +260,17 @@ def test_a_key_from_outside_the_lab_is_refused_by_sshd(lab):
     cluster.exec(OUTSIDE, ["sh", "-c", "umask 077 && cat > /tmp/stolen_key"], input=key, check=True)
     stolen = ("ssh -i /tmp/stolen_key -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=no "
               "-o UserKnownHostsFile=/dev/null")
-    for command in (f"{stolen} root@{node2} id",
-                    f"echo x > /tmp/x && rsync -e '{stolen}' /tmp/x root@{node2}:x"):
-        proc = cluster.exec(OUTSIDE, ["sh", "-c", command], timeout=60)
-        assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc.stderr
+    # node2's firewall lets only the lab's nodes reach its SSH server; opened to node3 here, so that sshd's
+    # own check (from=) is what refuses
+    rule = ["allow", "from", cluster.host(OUTSIDE).addr, "to", "any", "port", "22", "proto", "tcp"]
+    cluster.exec("node2", ["ufw", "insert", "1", *rule], check=True)
+    try:
+        for command in (f"{stolen} root@{node2} id",
+                        f"echo x > /tmp/x && rsync -e '{stolen}' /tmp/x root@{node2}:x"):
+            proc = cluster.exec(OUTSIDE, ["sh", "-c", command], timeout=60)
+            assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc.stderr
+    finally:
+        cluster.exec("node2", ["ufw", "delete", *rule], check=True)
 
 
 def test_one_key_per_node_and_addresses_only(lab):
