@@ -63,9 +63,11 @@ def data(j: Judge, h: str) -> None:
     parts = [f"{k}: {', '.join(v)}" for k, v in diff.items() if v]
     if parts:
         files = diff["missing"] + diff["changed"]
-        fix = fix_all + (f" to resync {', '.join(files)}" if files else "")
-        if diff["extra"]:
-            fix += f"{' and' if files else ' to'} remove {', '.join(diff['extra'])}"
+        fixes = [fix_all + f" to resync {', '.join(files)}"] if files else []
+        if diff["extra"]:  # prepare prunes only the shards it placed (its record): these are someone's
+            fixes.append(f"remove {', '.join(diff['extra'])} from the data folder on {h} yourself (ddplab "
+                         "did not place it and keeps files it did not place)")
+        fix = "; ".join(fixes)
         j.fail(h, "data", f"shards on {h} differ from {ref_name}: " + "; ".join(parts), fix)
         return
     node_digest = data.get("manifest_digest")
