@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import threading
 import time
 from pathlib import Path
@@ -135,3 +136,14 @@ def summarize_steps(records: list[dict], warmup: int) -> dict:
         "allreduce_bytes_per_step": timed[-1]["allreduce_bytes"] if timed else 0,
         "comm_compute_ratio": (sum(ar) / sum(comp)) if timed and sum(comp) > 0 else None,
     }
+
+
+def peak_rss_bytes() -> int:
+    """This rank's peak resident memory so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def eta_s(records: list[dict], steps_left: int) -> float:
+    """Seconds left at the mean step time of the last 10 steps."""
+    recent = records[-10:]
+    return steps_left * sum(r["dt_ms"] for r in recent) / len(recent) / 1e3

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from trainer.device import autocast_context, banner, setup_threads
 from trainer.evaluate import Evaluator
 from trainer.launch_contract import new_run_id
 from trainer.local_sgd import LocalSGD
-from trainer.metrics import CommTimer, JsonlWriter, progress_line
+from trainer.metrics import CommTimer, JsonlWriter, eta_s, peak_rss_bytes, progress_line
 from trainer.model import GPT, GPTConfig, estimate_train_memory, flops_per_token, param_count
 from trainer.optim import lr_at, lr_ratio_at, make_adamw
 from trainer.peak import measure_peak_flops, mfu
@@ -404,17 +403,6 @@ def write_summaries(cfg: TrainConfig, start: Start, parts: Parts, comm: GradComm
              "val_sequences": val.sequences if val else None, "val_curve": parts.evaluator.curve,
              "val_loss": parts.evaluator.curve[-1][1] if parts.evaluator.curve else None}
     write_json(Path(cfg.out) / "summary.json", run_summary(per_rank, facts))
-
-
-def peak_rss_bytes() -> int:
-    """This rank's peak resident memory so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def eta_s(records: list[dict], steps_left: int) -> float:
-    """Seconds left at the mean step time of the last 10 steps."""
-    recent = records[-10:]
-    return steps_left * sum(r["dt_ms"] for r in recent) / len(recent) / 1e3
 
 
 def write_json(path: Path, obj) -> None:
