@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from simlan import network
+from simlan import cpuquota, network
 from simlan.errors import SimlanError
 
 FREEZE_TIMEOUT = 10.0  # seconds for the kernel to stop every task (a task in an uninterruptible sleep waits)
@@ -113,19 +113,9 @@ def frozen(path: str | None) -> bool:
 
 
 def remove(path: str | None, timeout: float = 5.0) -> None:
-    """Thaw and remove the host's group once its processes are gone, and the lab's when it is empty."""
+    """Thaw the host's group, then remove it as every simlan cgroup goes (cpuquota.remove: once its
+    processes are gone, and the lab's when it is empty)."""
     if not path or not Path(path).exists():
         return
     thaw(path)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            Path(path).rmdir()
-            break
-        except OSError as exc:  # EBUSY while the killed processes are still being reaped
-            if time.monotonic() > deadline:
-                raise SimlanError(f"{path}: cannot remove the cgroup ({exc}); processes still in it: "
-                                  f"{sorted(_members(Path(path)))}") from exc
-            time.sleep(0.05)
-    with contextlib.suppress(OSError):  # another host's group is still there
-        Path(path).parent.rmdir()
+    cpuquota.remove(path, timeout)
