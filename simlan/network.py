@@ -9,11 +9,11 @@ from pathlib import Path
 from simlan.errors import SimlanError
 from simlan.system import run
 
-# SIMLAN_LAB=k (0-9) runs a separate cluster beside the default one: bridge lab<k>, subnet
+# SIMLAN_LAB=k (0-99) runs a separate cluster beside the default one: bridge lab<k>, subnet
 # 10.77.<k>.0/24, namespaces l<k>-node<i>. Lab 0 keeps the plain names (node<i>, 10.77.0.x).
 LAB = int(os.environ.get("SIMLAN_LAB", "0") or 0)
-if not 0 <= LAB <= 9:
-    raise SystemExit(f"simlan: error: SIMLAN_LAB must be 0-9, got {LAB}")
+if not 0 <= LAB <= 99:
+    raise SystemExit(f"simlan: error: SIMLAN_LAB must be 0-99, got {LAB}")
 BRIDGE = f"lab{LAB}"
 GATEWAY = f"10.77.{LAB}.1"
 PREFIX_LEN = 24
