@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ifname", help="GLOO_SOCKET_IFNAME for this rank")
     g.add_argument("--mb", type=_positive(float), default=16.0, help="all-reduce size for the bandwidth")
     g.add_argument("--reps", type=_positive(int), default=3)
+    g.add_argument("--model", default="", help="the run's model sizes as JSON (the fingerprint's): time one "
+                   "step of it, to weigh the link's jitter and loss against")
     g.add_argument("--stop-listener", action="store_true",
                    help="rank 0: first stop the preflight's nodeprobe listener on the master port")
     g.add_argument("--warm", metavar="DIR",

@@ -157,6 +157,9 @@ def smoke_plan(spec: dict) -> dict:
         argv = ["gloo-smoke", "--rank", str(int(spec["rank"])), "--world", str(int(spec["world"])),
                 "--master-addr", str(spec["master_addr"]), "--master-port", str(int(spec["master_port"])),
                 "--timeout", str(spec.get("smoke_timeout", 5)), "--mb", str(spec.get("smoke_mb", 4))]
+        sizes = ((probes.get("fingerprint") or {}).get("memory") or {}).get("sizes")
+        if sizes and not flag(spec.get("has_user_code")):  # the built-in trainer's model: its step is timed
+            argv += ["--model", json.dumps(sizes)]
         dev = (probes.get("iface") or {}).get("dev")
         if dev:
             argv += ["--ifname", str(dev)]

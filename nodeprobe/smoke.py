@@ -3,7 +3,10 @@
 Every rank runs this with the same master address/port. Phases: store (TCPStore rendezvous on the
 master port), init (gloo full-mesh connect), all_reduce SUM and AVG, broadcast from 0, all_gather,
 each compared exactly with the value computed in one process; then an fp32 all-reduce of ``--mb`` MB
-timed a few times: bus bandwidth = 2(N-1)/N * bytes / t.
+timed a few times: bus bandwidth = 2(N-1)/N * bytes / t; then the link's jitter and loss
+(nodeprobe/link_quality.py) and, when the link lost segments or jitters (and given the run's model sizes,
+--model), the time of one forward and backward pass of that model on one thread: the control host weighs
+the link's costs against that step.
 
 A watchdog bounds the whole command: gloo's TCP connect ignores the process-group timeout (a dropped
 SYN hangs ~140 s) and a stale listener on the master port makes a worker's store handshake hang for
@@ -19,6 +22,7 @@ retries. It shortens nothing that matters here; the watchdog does.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import statistics
@@ -26,6 +30,8 @@ import sys
 import threading
 import time
 from datetime import timedelta
+
+from nodeprobe import link_quality
 
 HINTS = {
     "store": "rank could not complete the TCPStore rendezvous on the master port: master not listening, "
@@ -36,6 +42,8 @@ HINTS = {
 
 
 IMPORT_ALLOWANCE_S = 60
+STEP_REPS = 2  # timed passes of the run's model (compute_step_s), after one warm-up
+STEP_BUDGET_S = 2.0
 
 
 def cpu_jiffies() -> tuple[int, int] | None:
@@ -74,8 +82,6 @@ class Smoke:
 
     def emit(self, **extra) -> bool:
         """Print the one JSON object, once (main thread or watchdog, whichever comes first)."""
-        import json
-
         with self.lock:
             if self.finished:
                 return False
@@ -204,9 +210,42 @@ class Smoke:
             # the process's time): on simulated hosts that share a machine, all nodes and their link
             "machine_cores_busy": _machine_cores(machine0, cpu_jiffies()),
         }
+        self.phase = "link"
+        self.out["link"] = link_quality.measure(dist, torch, a.master_port)
+        if link_quality.worth_weighing(self.out["link"]):  # a clean link costs nothing: no step to time
+            self.phase = "compute_step"
+            self.out["compute_step_s"] = compute_step_s(json.loads(a.model) if a.model else None)
         self.phase = "teardown"
         dist.barrier()
         dist.destroy_process_group()
+
+
+def compute_step_s(sizes: dict | None, budget_s: float = STEP_BUDGET_S) -> float | None:
+    """Seconds of one forward and backward pass of the run's model (the built-in trainer's, trainer/model.py
+    beside nodeprobe on a node) at its batch and sequence length, on this rank's one thread: the least of a
+    few after a warm-up, within about `budget_s`. The step's compute, without the all-reduce; None without
+    the model's sizes (your own code) or the trainer."""
+    if not sizes:
+        return None
+    try:
+        import torch
+
+        from trainer.model import GPT, GPTConfig
+    except ImportError:
+        return None
+    c = GPTConfig(vocab_size=sizes["vocab"], seq_len=sizes["seq_len"], n_layer=sizes["depth"],
+                  n_embd=sizes["n_embd"], n_head=sizes["n_head"])
+    model = GPT(c)
+    x = torch.randint(0, c.vocab_size, (sizes["batch_size"], c.seq_len))
+    best, end = float("inf"), time.perf_counter() + budget_s
+    for i in range(STEP_REPS + 1):
+        t0 = time.perf_counter()
+        model(x, x).backward()
+        if i:  # the first pass allocates
+            best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() > end:
+            break
+    return round(best if best < float("inf") else time.perf_counter() - t0, 4)
 
 
 def _machine_cores(before, after) -> float | None:

@@ -12,7 +12,7 @@ from trainer.launch_contract import MASTER_PORT
 
 CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "cpu_power", "memory", "disk",
           "code", "data", "sync_dirs", "iface", "hostname", "tcp_master", "tcp_peers", "master_port",
-          "firewall", "stale_processes", "slurm", "gloo_smoke")
+          "firewall", "stale_processes", "slurm", "gloo_smoke", "link")
 OK, FAIL, SKIP, NA = "ok", "FAIL", "skip", "n/a"
 # Probe errors that mean the node was never prepared (no code or no Python there).
 NOT_PREPARED = ("No module named 'nodeprobe'", "No module named nodeprobe", "not prepared")

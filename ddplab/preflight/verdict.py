@@ -26,6 +26,7 @@ from ddplab.errors import DdplabError
 from ddplab.preflight import (
     checks_files,
     checks_inventory,
+    checks_link,
     checks_network,
     checks_node,
     checks_slurm,
@@ -71,6 +72,7 @@ def judge(j: Judge) -> dict:
             continue
         if j.reachable(h):
             checks_network.smoke(j, h)
+            checks_link.link(j, h)
         if "gloo" not in j.rows[h]:
             j.set(h, "gloo", SKIP, "no fingerprint")
     unprepared = fold_unprepared(j)

@@ -145,8 +145,33 @@ def test_prepared_two_and_three_host_clusters_pass(prepared):
     inv2 = _inventory(lab["cluster"], lab["base"] / "inv2", ["node0", "node1"])
     v2 = assert_passes(lab, inv2, ["node0", "node1"])
     assert v2["bandwidth"]["busbw_gbit_s"] > 0
+    for host in ("node0", "node1"):  # a wired link: jitter and loss measured, no advice
+        cell = v2["hosts"][host]["link"]
+        assert cell["status"] == "ok" and "note" not in cell and "cable" not in cell["detail"], cell
+        assert "loss 0.00% of" in cell["detail"], cell
     # read-only: --check runs every probe too
     assert_passes(lab, lab["inv3"], ["node0", "node1", "node2"], "--check")
+
+
+def test_a_wifi_like_link_is_advised_a_cable(prepared, simlan_cli):
+    """node1 behind the Wi-Fi-like link of bench/results/wifi (simlan link: delay 2 ms, jitter 3 ms, loss
+    0.2 %, both directions): preflight still passes (a lossy link trains), and the link row warns with the
+    cost against the run's step and the advice. A smaller smoke all-reduce keeps the simulated link (a Python
+    delayer on busy cores: 4 MB take ~5 s) inside the smoke test's bound."""
+    lab = prepared
+    inv2 = _inventory(lab["cluster"], lab["base"] / "inv2", ["node0", "node1"])
+    try:
+        for host in ("node0", "node1"):
+            shaped = simlan_cli("link", host, "--delay", "2ms", "--jitter", "3ms", "--loss", "0.2%")
+            assert shaped.returncode == 0, shaped.stderr
+        v = assert_passes(lab, inv2, ["node0", "node1"], "-e", "preflight_smoke_mb=1")
+    finally:
+        for host in ("node0", "node1"):
+            simlan_cli("link", host, "--clear")
+    cell = v["hosts"]["node1"]["link"]
+    assert (cell["status"], cell.get("note")) == ("ok", "warning"), cell
+    assert "over the 10% at which preflight speaks up" in cell["detail"]
+    assert cell["fix"].startswith("connect node1 with a cable (Ethernet)") and "--sync-every" in cell["fix"]
 
 
 def test_host_faults_are_named_and_prepare_repairs_the_shards(prepared):
