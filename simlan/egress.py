@@ -165,7 +165,7 @@ def remove(record: dict | None) -> None:
         return
     ipt = _iptables()
     _remove_chains(ipt)
-    others = re.findall(r"^-N SIMLAN\d-FWD$", run([ipt, "-w", "-S"]).stdout, flags=re.M)
+    others = re.findall(r"^-N SIMLAN\d+-FWD$", run([ipt, "-w", "-S"]).stdout, flags=re.M)
     if record.get("forward_was") == "0" and not others:
         IP_FORWARD.write_text("0\n")
 

@@ -268,7 +268,7 @@ def test_down_then_up_reuses_the_cache(simlan_stock, simlan_cli):
     assert subprocess.run(["iptables", "-w", "-t", "nat", "-S"], capture_output=True, text=True,
                           timeout=30).stdout.count("SIMLAN" + _lab()) == 0
     # put back, unless another lab (a parallel test worker's) still forwards for its stock hosts
-    others = re.findall(r"^-N SIMLAN\d-FWD$", subprocess.run(["iptables", "-w", "-S"], capture_output=True,
+    others = re.findall(r"^-N SIMLAN\d+-FWD$", subprocess.run(["iptables", "-w", "-S"], capture_output=True,
                                                              text=True, timeout=30).stdout, flags=re.M)
     if c.egress["forward_was"] == "0" and not others:
         assert Path(egress.IP_FORWARD).read_text().strip() == "0"
