@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="hosts that look like a fresh Debian 12 install: own root filesystem (built once "
                         "with debootstrap, cached in /var/cache/ddplab-simlan), login user `lab` with a "
                         "sudo password, package registries reachable through NAT (see simlan/README.md)")
+    u.add_argument("--release", action="append", default=[], metavar="HOST=RELEASE",
+                   help="with --stock: HOST is a fresh Debian 13 (trixie: Python 3.13, OpenSSH 10) instead "
+                        "of 12 (bookworm), e.g. node1=trixie; repeatable")
     u.add_argument("--cpu-quota", action="append", default=[], metavar="HOST=PERCENT",
                    help="run HOST at PERCENT of one core (cgroup CPU bandwidth), e.g. node1=50; repeatable")
     u.add_argument("--mem-limit", action="append", default=[], metavar="HOST=SIZE",
@@ -113,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             c = cluster_mod.up(args.nodes, rate=args.rate, cpus=args.cpus, syn_retries=args.syn_retries,
                                force=args.force, inventory_dir=args.inventory, python=args.python,
                                keep=tuple(args.keep), stock=args.stock, cpu_quota=tuple(args.cpu_quota),
+                               release=tuple(args.release),
                                mem_limit=tuple(args.mem_limit))
             print(f"simlan: {'already up' if c.reused else 'up'}: {len(c.hosts)} "
                   f"{'stock ' if c.stock else ''}host(s) on "

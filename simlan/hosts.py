@@ -56,6 +56,7 @@ class Cluster:
     become_password: str | None = None  # the stock hosts' sudo password of `lab`
     cpu_quota: dict[str, int] = field(default_factory=dict)  # host -> percent of one core
     mem_limit: dict[str, int] = field(default_factory=dict)  # host -> bytes of memory
+    releases: dict[str, str] = field(default_factory=dict)  # stock host -> Debian suite, when not bookworm
     egress: dict | None = None  # the NAT rules added for stock hosts (simlan.egress)
     outsider: bool = False  # a host outside the lab is on the LAN (simlan.outsider)
     reused: bool = field(default=False, compare=False)  # `up` found it already running

@@ -39,12 +39,14 @@ def up(nodes: int, *, rate: str | None = None, cpus: str = "none",
        inventory_dir: str | os.PathLike | None = None, python: str | None = None,
        keep: tuple[str, ...] = (), state: str | os.PathLike | None = None,
        timeout: float = READY_TIMEOUT, stock: bool = False,
-       cpu_quota: tuple[str, ...] | list[str] = (), mem_limit: tuple[str, ...] | list[str] = ()) -> Cluster:
+       cpu_quota: tuple[str, ...] | list[str] = (), mem_limit: tuple[str, ...] | list[str] = (),
+       release: tuple[str, ...] | list[str] = ()) -> Cluster:
     """Create hosts node0..node<nodes-1> and return the cluster. If the same cluster is already
     up and healthy it is returned as is (`.reused` is True); a different one needs `force`.
     `stock`: hosts that look like a fresh Debian 12 install (simlan.stockinit); `cpu_quota`:
     ["node1=50", ...], a host at that percent of one core (simlan.cpuquota); `mem_limit`: ["node1=1536M",
-    ...], a host with that much memory (simlan.memlimit)."""
+    ...], a host with that much memory (simlan.memlimit); `release`: ["node1=trixie", ...], a stock host of
+    another Debian release (simlan.rootfs)."""
     tools = require()
     if not 1 <= nodes <= network.MAX_HOSTS:
         raise SimlanError(f"--nodes must be between 1 and {network.MAX_HOSTS}, got {nodes}", code=2)
@@ -56,6 +58,9 @@ def up(nodes: int, *, rate: str | None = None, cpus: str = "none",
     if quotas:
         cpuquota.backend()  # fails early, with a message, when the kernel has no cpu controller
     limits = memlimit.parse(mem_limit, [network.host_name(i) for i in range(nodes)])
+    releases = rootfs.parse_releases(release, [network.host_name(i) for i in range(nodes)])
+    if releases and not stock:
+        raise SimlanError("--release is for stock hosts (their own root filesystem); add --stock", code=2)
     if limits:
         memlimit.backend()
     sdir = state_dir(state)
@@ -67,10 +72,10 @@ def up(nodes: int, *, rate: str | None = None, cpus: str = "none",
     with locked(sdir):
         existing = load(sdir)
         if existing:
-            wanted = (nodes, rate, cpus, syn_retries, str(inv), python, stock, quotas, limits)
+            wanted = (nodes, rate, cpus, syn_retries, str(inv), python, stock, quotas, limits, releases)
             have = (len(existing.hosts), existing.rate, existing.cpus, existing.syn_retries,
                     str(existing.inventory_dir), existing.python, existing.stock, existing.cpu_quota,
-                    existing.mem_limit)
+                    existing.mem_limit, existing.releases)
             if not force:
                 if wanted == have and existing.healthy():
                     existing.reused = True
@@ -81,14 +86,15 @@ def up(nodes: int, *, rate: str | None = None, cpus: str = "none",
                     f"{existing.rate or 'unshaped'}, cpus {existing.cpus}" \
                     f"{', stock' if existing.stock else ''}" \
                     f"{''.join(f', {h} at {p}%' for h, p in existing.cpu_quota.items())}" \
-                    f"{''.join(f', {h} {b >> 20}M' for h, b in existing.mem_limit.items())}"
+                    f"{''.join(f', {h} {b >> 20}M' for h, b in existing.mem_limit.items())}" \
+                    f"{''.join(f', {h} {r}' for h, r in existing.releases.items())}"
                 raise SimlanError(
                     f"a cluster is already up ({why}; state in {sdir}); run `python -m simlan down` "
                     "first, or `python -m simlan up --force` to recreate it", code=2)
             _teardown(existing, tools)
         return _create(sdir, tools, nodes=nodes, rate=rate, cpus=cpus, syn_retries=syn_retries,
                        inv=inv, python=python, keep=keep, timeout=timeout, stock=stock, quotas=quotas,
-                       limits=limits)
+                       limits=limits, releases=releases)
 
 
 def down(state: str | os.PathLike | None = None) -> bool:
@@ -114,13 +120,15 @@ def _write_inventory(cluster: Cluster) -> None:
 
 def _create(sdir: Path, tools: dict[str, str], *, nodes: int, rate: str | None, cpus: str,
             syn_retries: int, inv: Path, python: str, keep: tuple[str, ...], timeout: float,
-            stock: bool, quotas: dict[str, int], limits: dict[str, int]) -> Cluster:
+            stock: bool, quotas: dict[str, int], limits: dict[str, int], releases: dict[str, str]) -> Cluster:
     ip, tc = tools["ip"], tools["tc"]
     # Before anything exists: the cache build (once, about a minute) and the checks of --stock.
-    lower = rootfs.ensure(log=lambda m: print(m, file=sys.stderr)) if stock else None
+    names = [network.host_name(i) for i in range(nodes)]
+    suites = {n: releases.get(n, rootfs.SUITE) for n in names}
+    lowers = {s: rootfs.ensure(log=lambda m: print(m, file=sys.stderr), suite=s)
+              for s in sorted(set(suites.values()))} if stock else {}
     resolv_conf = Path("/etc/resolv.conf").read_text() if stock else ""
     allowed_egress = egress.plan(resolv_conf) if stock else None
-    names = [network.host_name(i) for i in range(nodes)]
     network.check_free(ip, names)
     # Leftovers of a crashed `up` (no cluster.json): only simlan's own files, nothing running.
     shutil.rmtree(sdir / "hosts", ignore_errors=True)
@@ -134,7 +142,7 @@ def _create(sdir: Path, tools: dict[str, str], *, nodes: int, rate: str | None, 
                       cpus=cpus, syn_retries=syn_retries, real_home=real_home,
                       created_by=os.getpid(), created_at=time.time(), stock=stock,
                       become_password=secrets.token_urlsafe(12) if stock else None, cpu_quota=quotas,
-                      mem_limit=limits)
+                      mem_limit=limits, releases=releases)
     cluster.save()  # recorded before anything exists, so a failed `up` can be undone by `down`
     try:
         for f in (cluster.key, cluster.key.with_suffix(".pub")):
@@ -147,7 +155,8 @@ def _create(sdir: Path, tools: dict[str, str], *, nodes: int, rate: str | None, 
             for h in hosts:
                 write_stock_host_files(host=h.name, addr=h.addr, host_dir=Path(h.dir), all_hosts=lan,
                                        client_pubkey=pubkey, password=cluster.become_password,
-                                       lower=lower, resolv_conf=resolv_conf, syn_retries=syn_retries)
+                                       lower=lowers[suites[h.name]], resolv_conf=resolv_conf,
+                                       syn_retries=syn_retries)
         else:
             keep_list = keep_paths(real_home, python, keep)
             keep_tmp = keep_tmp_paths(python, keep)

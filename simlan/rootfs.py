@@ -1,6 +1,7 @@
-"""The root filesystem of a stock host: a Debian 12 (bookworm) minbase system with openssh-server,
-sudo, python3, iproute2 and procps and nothing else, built once with debootstrap from the Debian
-mirror in this machine's apt sources and cached in /var/cache/ddplab-simlan/bookworm-minbase.
+"""The root filesystem of a stock host: a Debian 12 (bookworm) or 13 (trixie) minbase system with
+openssh-server, sudo, python3, iproute2 and procps and nothing else, built once per release with debootstrap
+from the Debian mirror in this machine's apt sources (its bookworm entries: the same mirror serves trixie)
+and cached in /var/cache/ddplab-simlan/<release>-minbase.
 
 Every stock host sees it read-only as the lower layer of its own overlay (simlan.stockinit), so the
 cache is never written by a host. A stamp file beside the tree (`bookworm-minbase.stamp`, JSON)
@@ -22,20 +23,24 @@ from simlan.state import flock_file
 from simlan.system import which
 
 CACHE_DIR = Path(os.environ.get("SIMLAN_ROOTFS_CACHE", "/var/cache/ddplab-simlan"))
-SUITE = "bookworm"
-NAME = f"{SUITE}-minbase"
+SUITE = "bookworm"  # the default release, and the suite whose mirror this machine's apt sources name
+RELEASES = {"bookworm": "12", "trixie": "13"}  # the Debian releases a stock host can be: suite -> version
 PACKAGES = ("openssh-server", "sudo", "python3", "iproute2", "procps")
 RECIPE_VERSION = 1  # bump when the build steps below change: old caches are then rebuilt
 BUILD_TIMEOUT = 900
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 
 
-def rootfs_dir() -> Path:
-    return CACHE_DIR / NAME
+def name(suite: str = SUITE) -> str:
+    return f"{suite}-minbase"
 
 
-def stamp_path() -> Path:
-    return CACHE_DIR / f"{NAME}.stamp"
+def rootfs_dir(suite: str = SUITE) -> Path:
+    return CACHE_DIR / name(suite)
+
+
+def stamp_path(suite: str = SUITE) -> Path:
+    return CACHE_DIR / f"{name(suite)}.stamp"
 
 
 def _entries() -> list[tuple[str, list[str]]]:
@@ -79,39 +84,64 @@ def debian_mirrors() -> tuple[str, str | None]:
     return main.rstrip("/"), security.rstrip("/") if security else None
 
 
-def recipe() -> dict:
+def release(text: str) -> str:
+    """A release named by its suite or version ("trixie", "13") -> its suite."""
+    by_version = {v: k for k, v in RELEASES.items()}
+    suite = by_version.get(text, text)
+    if suite not in RELEASES:
+        raise SimlanError(f"--release: unknown Debian release {text!r}; allowed: "
+                          f"{', '.join(f'{k} ({v})' for k, v in RELEASES.items())}", code=2)
+    return suite
+
+
+def parse_releases(specs: list[str] | tuple[str, ...], hosts: list[str]) -> dict[str, str]:
+    """["node1=trixie"] -> {"node1": "trixie"} (hosts of the default release are left out); a bad spec raises
+    SimlanError (exit 2)."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        host, sep, value = spec.partition("=")
+        if not sep or host.strip() not in hosts:
+            raise SimlanError(f"--release {spec!r}: not HOST=RELEASE with one of the hosts "
+                              f"({', '.join(hosts)}); use e.g. --release node1=trixie", code=2)
+        suite = release(value.strip())
+        if suite != SUITE:
+            out[host.strip()] = suite
+    return out
+
+
+def recipe(suite: str = SUITE) -> dict:
     main, security = debian_mirrors()
-    return {"version": RECIPE_VERSION, "suite": SUITE, "variant": "minbase", "packages": list(PACKAGES),
+    return {"version": RECIPE_VERSION, "suite": suite, "variant": "minbase", "packages": list(PACKAGES),
             "mirror": main, "security_mirror": security}
 
 
-def is_ready(want: dict | None = None) -> bool:
+def is_ready(want: dict | None = None, suite: str = SUITE) -> bool:
     """True when the cache is complete (stamp present) and was built from `want` (default: recipe())."""
     try:
-        stamp = json.loads(stamp_path().read_text())
+        stamp = json.loads(stamp_path(suite).read_text())
     except (OSError, ValueError):
         return False
-    return rootfs_dir().is_dir() and stamp.get("recipe") == (want or recipe())
+    return rootfs_dir(suite).is_dir() and stamp.get("recipe") == (want or recipe(suite))
 
 
-def stamp() -> dict:
+def stamp(suite: str = SUITE) -> dict:
     """The stamp of the cache (recipe, build seconds, size), or {} when there is none."""
     try:
-        return json.loads(stamp_path().read_text())
+        return json.loads(stamp_path(suite).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def ensure(log=print) -> Path:
-    """The cached root filesystem, built first if it is missing, incomplete or of another recipe."""
-    want = recipe()
-    if is_ready(want):
-        return rootfs_dir()
+def ensure(log=print, suite: str = SUITE) -> Path:
+    """The cached root filesystem of `suite`, built first if missing, incomplete or of another recipe."""
+    want = recipe(suite)
+    if is_ready(want, suite):
+        return rootfs_dir(suite)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     with _build_lock():
-        if not is_ready(want):  # another simlan may have built it while we waited
+        if not is_ready(want, suite):  # another simlan may have built it while we waited
             _build(want, log)
-    return rootfs_dir()
+    return rootfs_dir(suite)
 
 
 def _build_lock(timeout: float = BUILD_TIMEOUT):
@@ -137,11 +167,12 @@ def _remove_tree(path: Path) -> None:
 
 
 def _sources_list(want: dict) -> str:
-    """Sources as the Debian 12 installer writes them, on this machine's mirror."""
-    lines = [f"deb {want['mirror']} {SUITE} main"]
+    """Sources as the Debian installer writes them, on this machine's mirror."""
+    suite = want["suite"]
+    lines = [f"deb {want['mirror']} {suite} main"]
     if want["security_mirror"]:
-        lines.append(f"deb {want['security_mirror']} {SUITE}-security main")
-    lines.append(f"deb {want['mirror']} {SUITE}-updates main")
+        lines.append(f"deb {want['security_mirror']} {suite}-security main")
+    lines.append(f"deb {want['mirror']} {suite}-updates main")
     return "\n".join(lines) + "\n"
 
 
@@ -150,14 +181,15 @@ def _build(want: dict, log) -> None:
     if debootstrap is None:
         raise SimlanError("--stock: missing `debootstrap`; install the Debian package: "
                           "apt-get install -y debootstrap", code=2)
-    for old in CACHE_DIR.glob(f".{NAME}.build-*"):  # an interrupted build of an earlier run
+    suite = want["suite"]
+    for old in CACHE_DIR.glob(f".{name(suite)}.build-*"):  # an interrupted build of an earlier run
         _remove_tree(old)
-    tmp = CACHE_DIR / f".{NAME}.build-{os.getpid()}"
+    tmp = CACHE_DIR / f".{name(suite)}.build-{os.getpid()}"
     started = time.monotonic()
-    log(f"simlan: building the stock Debian {SUITE} root filesystem in {rootfs_dir()} "
+    log(f"simlan: building the stock Debian {suite} root filesystem in {rootfs_dir(suite)} "
         f"(once; about a minute) from {want['mirror']}")
     try:
-        _run([debootstrap, "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(tmp),
+        _run([debootstrap, "--variant=minbase", f"--include={','.join(PACKAGES)}", suite, str(tmp),
               want["mirror"]], "debootstrap", BUILD_TIMEOUT)
         # Sources and package lists as on a fresh install (the installer runs `apt-get update`).
         (tmp / "etc/apt/sources.list").write_text(_sources_list(want))
@@ -171,17 +203,17 @@ def _build(want: dict, log) -> None:
         (tmp / "etc/hostname").write_text("localhost\n")
         size = int(subprocess.run(["du", "-sb", str(tmp)], capture_output=True, text=True,
                                   timeout=120).stdout.split()[0])
-        if rootfs_dir().exists():  # incomplete or of another recipe
-            _remove_tree(rootfs_dir())
-        tmp.rename(rootfs_dir())
+        if rootfs_dir(suite).exists():  # incomplete or of another recipe
+            _remove_tree(rootfs_dir(suite))
+        tmp.rename(rootfs_dir(suite))
     except BaseException:
         _remove_tree(tmp)
         raise
     seconds = round(time.monotonic() - started, 1)
     data = {"recipe": want, "built_at": time.time(), "build_seconds": seconds, "bytes": size}
-    part = stamp_path().with_suffix(".stamp.tmp")
+    part = stamp_path(suite).with_suffix(".stamp.tmp")
     part.write_text(json.dumps(data, indent=2) + "\n")
-    part.replace(stamp_path())  # written last: a stamp means a complete tree
+    part.replace(stamp_path(suite))  # written last: a stamp means a complete tree
     log(f"simlan: stock root filesystem built in {seconds:g} s ({size / 1e6:.0f} MB)")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 
 from ddplab.preflight.collect import Inputs
+from ddplab.preflight.wheelhouse_fit import missing_wheel
 from trainer.launch_contract import MASTER_PORT
 
 CHECKS = ("inventory", "ssh", "python", "torch", "gloo", "dtype", "threads", "cpu_power", "memory", "disk",
@@ -147,7 +148,11 @@ def fold_unprepared(j: Judge) -> list[str]:
             continue
         first, cell = cells[0]
         reason = cell["detail"].split(f"failed on {h}: ", 1)[-1].removeprefix("ddplab: error: ")
-        j.set(h, first, FAIL, f"{h} is not prepared ({reason})", PREPARE_FIX.format(host=h))
+        wheel = missing_wheel(reason, j.inv.get("wheelhouse_dir"))
+        if wheel:
+            j.set(h, first, FAIL, f"{h} is not prepared ({reason}); {wheel[0]}", wheel[1])
+        else:
+            j.set(h, first, FAIL, f"{h} is not prepared ({reason})", PREPARE_FIX.format(host=h))
         for check, _ in cells[1:]:
             j.set(h, check, SKIP, f"not checked: {h} is not prepared (see {first})")
         folded.append(h)

@@ -67,3 +67,28 @@ def test_the_cli_prints_one_line_per_unprepared_node(tmp_path):
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 1
     assert r.stdout.count("\nFAIL ") == 2 and "preflight: FAIL (2 failing checks)" in r.stdout
+
+
+def test_a_fresh_node_whose_python_the_wheelhouse_lacks_is_named_with_the_fill(tmp_path):
+    """A Debian 13 laptop (python 3.13) joins a lab whose wheelhouse was filled for 3.11: prepare would refuse
+    it, so preflight says so with `make wheelhouse PYTHONS=...`; a node of a served Python keeps the plain
+    "run prepare" fix. The node's words are those of roles/preflight/vars/main.yml (its python3 version)."""
+    torch = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "torch": "2.13.0", "files": [{"file": torch, "size": 1, "sha256": "0" * 64}],
+        "torch_wheels": {"3.11 x86_64": [torch, "numpy-2.3.0-cp311-cp311-manylinux_2_28_x86_64.whl"]}}))
+    doc = bundle("a", "b")
+    doc["inventory"]["wheelhouse_dir"] = str(tmp_path)
+    for host, python in (("a", "3.11"), ("b", "3.13")):
+        doc["results"]["gather"][host]["stderr"] += f" (its python3: {python} x86_64)"
+    result = verdict(doc)
+    fails = {f["host"]: f for f in result["failures"]}
+    assert fails["a"]["fix"] == "run playbooks/prepare.yml (with -l a to prepare this node alone)"
+    assert fails["b"]["fix"] == 'make wheelhouse PYTHONS="3.13"  # then run playbooks/prepare.yml'
+    assert (f"its python 3.13 x86_64 has no torch 2.13.0 wheel in {tmp_path} (filled for: 3.11 x86_64)"
+            in fails["b"]["detail"])
+    assert 'fix: make wheelhouse PYTHONS="3.13"' in table(result)
+    # no wheelhouse at all: prepare says what to do (make wheelhouse, or the index fallback)
+    doc["inventory"]["wheelhouse_dir"] = str(tmp_path / "none")
+    assert {f["fix"] for f in verdict(doc)["failures"]} == {
+        f"run playbooks/prepare.yml (with -l {h} to prepare this node alone)" for h in "ab"}

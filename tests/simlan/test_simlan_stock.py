@@ -10,6 +10,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -284,6 +285,33 @@ def test_down_then_up_reuses_the_cache(simlan_stock, simlan_cli):
     assert up_s < 15
 
 
+def test_a_debian_13_host_beside_a_debian_12_one(simlan_stock):
+    """`--release node1=trixie`: node1 is a fresh Debian 13 (its own cached tree, built once from the same
+    mirror), node0 stays Debian 12; both log in as `lab` and run Ansible's ping with their own python3."""
+    mixed = simlan.up(2, stock=True, release=["node1=trixie"], force=True, timeout=20)
+    assert mixed.healthy() and mixed.releases == {"node1": "trixie"}
+    assert rootfs.is_ready(suite="trixie") and rootfs.stamp("trixie")["recipe"]["suite"] == "trixie"
+    want = {"node0": ("bookworm", "Python 3.11", "OpenSSH_9"),
+            "node1": ("trixie", "Python 3.13", "OpenSSH_10")}
+    for host, (suite, python, openssh) in want.items():
+        mounts = mixed.exec(host, ["cat", "/proc/self/mounts"], check=True).stdout.splitlines()
+        root = next(m.split() for m in mounts if m.split()[1] == "/")
+        assert f"lowerdir={rootfs.rootfs_dir(suite)}" in root[3]
+        assert f"VERSION_CODENAME={suite}" in mixed.exec(host, ["cat", "/etc/os-release"], check=True).stdout
+        me = _ssh(mixed, host, "id -un; python3 -V; ssh -V 2>&1")
+        assert me.returncode == 0, me.stderr
+        lines = me.stdout.splitlines()
+        assert lines[0] == "lab" and lines[1].startswith(python) and lines[2].startswith(openssh), lines
+    ansible = str(Path(sys.executable).with_name("ansible"))
+    ping = subprocess.run([ansible, "-i", str(mixed.inventory_dir), "all", "-o", "-m", "ping"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert ping.returncode == 0 and ping.stdout.count("SUCCESS") == 2, ping.stdout + ping.stderr
+    bad = subprocess.run([sys.executable, "-m", "simlan", "up", "--nodes", "2", "--stock", "--release",
+                          "node1=sid"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert bad.returncode == 2, bad.stderr
+    assert "unknown Debian release 'sid'; allowed: bookworm (12), trixie (13)" in bad.stderr
+
+
 # ---- pure logic (no root) ----
 
 def test_rootfs_cache_is_ready_only_with_a_matching_stamp(tmp_path, monkeypatch):
@@ -302,7 +330,8 @@ def test_a_failed_build_leaves_no_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(rootfs, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(rootfs, "which", lambda tool: "/bin/false")
     with pytest.raises(rootfs.SimlanError, match="debootstrap failed"):
-        rootfs._build({"mirror": "http://m/debian", "security_mirror": None}, log=lambda m: None)
+        rootfs._build({"suite": "bookworm", "mirror": "http://m/debian", "security_mirror": None},
+                      log=lambda m: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -345,3 +374,12 @@ def test_cpu_quota_parse_and_settings():
         with pytest.raises(cpuquota.SimlanError, match=why) as err:
             cpuquota.parse([bad], ["node0", "node1"])
         assert err.value.code == 2 and "\n" not in str(err.value)
+
+
+def test_release_parse():
+    assert rootfs.parse_releases(["node1=trixie", "node0=12"], ["node0", "node1"]) == {"node1": "trixie"}
+    assert rootfs.parse_releases(["node1=13"], ["node0", "node1"]) == {"node1": "trixie"}
+    for spec, words in (("node2=trixie", "not HOST=RELEASE with one of the hosts (node0, node1)"),
+                        ("node1", "not HOST=RELEASE"), ("node1=buster", "unknown Debian release 'buster'")):
+        with pytest.raises(rootfs.SimlanError, match=re.escape(words)):
+            rootfs.parse_releases([spec], ["node0", "node1"])
