@@ -200,20 +200,26 @@ def test_127_0_1_1_fails_when_the_interface_is_not_right(real, tmp_path):
     assert fix_of(res, "node1", "hostname").startswith("fix /etc/hosts on node1 so node1 maps to 10.77.0.11")
 
 
-def test_python_minor_difference_is_a_warning_and_a_torch_build_difference_fails(real, tmp_path, capsys):
+def test_python_minor_difference_is_said_and_a_torch_of_another_source_fails(real, tmp_path, capsys):
     f = cluster(real)
     py = f["node1/fingerprint.json"]["python"]
     major, minor = py["major_minor"].split(".")
-    other = f"{major}.{int(minor) + 1}"
+    other = f"{major}.{int(minor) + 2}"  # Debian 12's 3.11 beside Debian 13's 3.13
     py.update(major_minor=other, version=f"{other}.0")
     rc, res, _ = run_verdict(tmp_path, f)
-    assert rc == 0 and res["hosts"]["node1"]["python"]["note"] == "warning"
-    assert "WARNING node1 python: python " in capsys.readouterr().out
-    torch_v = f["node1/fingerprint.json"]["torch"]["version"]
-    f["node1/fingerprint.json"]["torch"]["version"] = torch_v.split("+")[0] + "+cu121"
+    assert rc == 0 and res["hosts"]["node1"]["python"]["note"] == "info"
+    assert "INFO node1 python: python " in capsys.readouterr().out
+    # PyPI's CUDA build of the same release and commit (a Python with no +cpu wheel in reach): same gloo
+    torch = f["node1/fingerprint.json"]["torch"]
+    torch["version"] = torch["version"].split("+")[0] + "+cu130"
+    rc, res, _ = run_verdict(tmp_path, f)
+    cell = res["hosts"]["node1"]["torch"]
+    assert rc == 0 and (cell["status"], cell["note"]) == ("ok", "info"), cell
+    assert "+cu130 on node1 vs " in cell["detail"] and "the same source (commit " in cell["detail"]
+    torch["git_version"] = "0" * 40  # another commit: another torch
     rc, res, _ = run_verdict(tmp_path, f)
     assert rc == 1 and failing(res) == {("node1", "torch")}
-    assert "+cu121 on node1 vs " in res["hosts"]["node1"]["torch"]["detail"]
+    assert "+cu130 on node1 vs " in res["hosts"]["node1"]["torch"]["detail"]
 
 
 def test_process_on_master_port_is_named_with_the_kill(real, tmp_path):
