@@ -9,6 +9,8 @@ DEPTH  ?=
 # make wheelhouse: the folder (ddplab_wheelhouse_dir), the nodes' Python versions, an inventory to read them from.
 WHEELHOUSE ?= wheelhouse
 PYTHONS ?= 3.11
+# CUDA_FALLBACK=1: a Python with no reachable +cpu torch (only PyPI reachable) gets PyPI's CUDA build (~2.8 GB)
+CUDA_FALLBACK ?=
 # make tune: the lab's inventory, the seconds each layout trains, the processes of the 1xN layout.
 INV ?=
 TUNE_SECONDS ?= 120
@@ -48,7 +50,7 @@ data: setup  ## Generate the default deterministic corpus as parquet shards
 	$(BIN)/python -m trainer.data prepare --out $(DATA)
 
 wheelhouse: setup  ## The pinned CPU torch + deps and your requirements' wheels, once, for the nodes' Pythons (PYTHONS="3.11 3.12", INV=inventory/<yours>)
-	$(BIN)/python -m ddplab.wheelhouse fill --dir $(WHEELHOUSE) $(foreach p,$(PYTHONS),--python $(p)) $(if $(INV),-i $(INV))
+	$(BIN)/python -m ddplab.wheelhouse fill --dir $(WHEELHOUSE) $(foreach p,$(PYTHONS),--python $(p)) $(if $(INV),-i $(INV)) $(if $(CUDA_FALLBACK),--cuda-fallback)
 
 tune: setup  ## tokens/s of 1 node x 1 process, 1 node x N processes and all nodes (INV=inventory/<yours>)
 	$(BIN)/python -m ddplab tune -i $(or $(INV),inventory/local) --seconds $(TUNE_SECONDS) --procs $(TUNE_PROCS) --rounds $(TUNE_ROUNDS)

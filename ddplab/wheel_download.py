@@ -79,7 +79,10 @@ def run_pip(argv: list[str], cwd: Path | None = None) -> tuple[int, list[str], s
 
 
 def download_torch(folder: Path, python: str, machine: str, glibc: str, torch: str, packages: list[str],
-                   torch_index: str) -> list[str]:
+                   torch_index: str, cuda_fallback: bool = False) -> list[str]:
+    """The CPU torch (`+cpu`, from torch_index) and `packages` for one node Python. With `cuda_fallback`, a
+    Python whose `+cpu` wheel cannot be had gets PyPI's torch of the same version instead: the CUDA build,
+    with the NVIDIA libraries it links against (about 2.8 GB more; it runs on CPU: docs/laptops.md)."""
     argv = target_args(folder, python, machine, glibc)
     if torch_index:
         argv += ["--extra-index-url", torch_index]
@@ -87,10 +90,17 @@ def download_torch(folder: Path, python: str, machine: str, glibc: str, torch: s
     print(f"ddplab: wheelhouse: python {python} {machine} (glibc >= {glibc}): "
           f"pip download torch=={torch}+cpu {' '.join(packages)}", flush=True)
     rc, wheels, _ = run_pip(argv)
+    if rc != 0 and cuda_fallback:
+        print(f"ddplab: wheelhouse: warning: no torch=={torch}+cpu for python {python} {machine}; "
+              f"CUDA_FALLBACK: PyPI's torch=={torch} (the CUDA build and its NVIDIA libraries, ~2.8 GB) "
+              "instead", flush=True)
+        rc, wheels, _ = run_pip(target_args(folder, python, machine, glibc) + [f"torch=={torch}", *packages])
     if rc != 0:
         raise WheelhouseError(f"{folder}: pip download for python {python} {machine} failed (exit {rc}, its "
                               f"messages above); a CPU torch {torch} for that Python must be reachable; fix: "
-                              f"check the network or --torch-index ({torch_index or 'none'})")
+                              f"check the network or --torch-index ({torch_index or 'none'}), or, where only "
+                              "PyPI is reachable, make wheelhouse CUDA_FALLBACK=1 (PyPI's CUDA build, "
+                              "~2.8 GB more)")
     return wheels
 
 

@@ -278,7 +278,8 @@ def fill(args: argparse.Namespace) -> int:
     torch_wheels, req_wheels = {}, {}
     for python, machine, glibc in sorted(targets):
         torch_wheels[target(python, machine)] = download_torch(folder, python, machine, glibc, args.torch,
-                                                               args.package, args.torch_index)
+                                                               args.package, args.torch_index,
+                                                               args.cuda_fallback)
         if requirements:
             req_wheels[target(python, machine)] = download_requirements(
                 folder, requirements, python, machine, glibc, args.torch, args.torch_index)
@@ -321,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--torch", default=DEFAULT_TORCH, help="torch version (its +cpu build)")
     f.add_argument("--package", action="append", default=list(DEFAULT_PACKAGES), help="another package")
     f.add_argument("--torch-index", default=DEFAULT_TORCH_INDEX, help="extra index with the +cpu builds")
+    f.add_argument("--cuda-fallback", action="store_true",
+                   help="a Python with no reachable +cpu torch gets PyPI's (CUDA) build of that version")
     s = sub.add_parser("select", help="print the wheels a node installs (JSON)")
     s.add_argument("--dir", required=True)
     s.add_argument("--python", required=True)

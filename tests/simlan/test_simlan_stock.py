@@ -24,6 +24,7 @@ from simlan.outsider import NAME as OUTSIDE
 from simlan.outsider import address as outsider_address
 from simlan.outsider import outsider
 from simlan.system import missing_requirements, which
+from tests.helpers.playbooks import playbook, tail
 
 pytestmark = pytest.mark.simlan
 
@@ -285,9 +286,10 @@ def test_down_then_up_reuses_the_cache(simlan_stock, simlan_cli):
     assert up_s < 15
 
 
-def test_a_debian_13_host_beside_a_debian_12_one(simlan_stock):
+def test_a_debian_13_host_beside_a_debian_12_one(simlan_stock, tmp_path):
     """`--release node1=trixie`: node1 is a fresh Debian 13 (its own cached tree, built once from the same
-    mirror), node0 stays Debian 12; both log in as `lab` and run Ansible's ping with their own python3."""
+    mirror), node0 stays Debian 12; both log in as `lab`, and preflight on the bare pair reads each one's
+    python3 over SSH."""
     mixed = simlan.up(2, stock=True, release=["node1=trixie"], force=True, timeout=20)
     assert mixed.healthy() and mixed.releases == {"node1": "trixie"}
     assert rootfs.is_ready(suite="trixie") and rootfs.stamp("trixie")["recipe"]["suite"] == "trixie"
@@ -302,10 +304,21 @@ def test_a_debian_13_host_beside_a_debian_12_one(simlan_stock):
         assert me.returncode == 0, me.stderr
         lines = me.stdout.splitlines()
         assert lines[0] == "lab" and lines[1].startswith(python) and lines[2].startswith(openssh), lines
-    ansible = str(Path(sys.executable).with_name("ansible"))
-    ping = subprocess.run([ansible, "-i", str(mixed.inventory_dir), "all", "-o", "-m", "ping"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert ping.returncode == 0 and ping.stdout.count("SUCCESS") == 2, ping.stdout + ping.stderr
+    # preflight on the bare pair, with a wheelhouse filled for Python 3.11 only: node1's Python is named with
+    # the command that fills it, node0 (served) only needs prepare
+    torch = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    (tmp_path / "wheelhouse").mkdir()
+    (tmp_path / "wheelhouse/manifest.json").write_text(json.dumps({
+        "torch": "2.13.0", "files": [{"file": torch, "size": 1, "sha256": "0" * 64}],
+        "torch_wheels": {"3.11 x86_64": [torch]}}))
+    extra = {"ddplab_wheelhouse_dir": tmp_path / "wheelhouse", "ddplab_runs_dir": tmp_path / "runs"}
+    proc = playbook("preflight.yml", inventory=mixed.inventory_dir, timeout=300, extra=extra)
+    verdict = json.loads((tmp_path / "runs/preflight/latest.json").read_text())
+    fails = {f["host"]: f for f in verdict["failures"]}
+    assert proc.returncode != 0 and set(fails) == {"node0", "node1"}, tail(proc)
+    assert "(its python3: 3.11 x86_64)" in fails["node0"]["detail"] and "prepare.yml" in fails["node0"]["fix"]
+    assert "its python 3.13 x86_64 has no torch 2.13.0 wheel" in fails["node1"]["detail"]
+    assert fails["node1"]["fix"] == 'make wheelhouse PYTHONS="3.13"  # then run playbooks/prepare.yml'
     bad = subprocess.run([sys.executable, "-m", "simlan", "up", "--nodes", "2", "--stock", "--release",
                           "node1=sid"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 2, bad.stderr
