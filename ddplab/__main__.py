@@ -2,13 +2,13 @@
 
 report, follow, status (a run's outcome, live panes, which node failed first); validate, settings (check
 every setting before a node is touched; write the generated defaults and docs); preflight-verdict (judge
-the preflight's probes); smoke-verdict (decide the launch from the smoke run of your code);
-code-tree (plan a code sync); sync-push (rsync files to a node, with progress); distribution (star or
-relay, and why); relay (send changed files once, the nodes pass them on);
-interrupt-guard (stop a run when its waiting playbook is interrupted); check-requirements (refuse a
-requirements file that asks for another torch); tune (tokens/s of 1 node x 1 process, 1 node x N
-processes and all nodes); export sbatch (the run as a self-contained sbatch script for a Slurm
-cluster ddplab does not manage); secrets (the lab's 0700 folder of control-side keys).
+the preflight's probes); smoke-verdict (decide the launch from the smoke run of your code); compile-ship
+(which nodes get the master's warm torch.compile cache); code-tree (plan a code sync); sync-push (rsync
+files to a node, with progress); distribution (star or relay, and why); relay (send changed files once,
+the nodes pass them on); interrupt-guard (stop a run when its waiting playbook is interrupted);
+check-requirements (refuse a requirements file that asks for another torch); tune (tokens/s of 1 node x
+1 process, 1 node x N processes and all nodes); export sbatch (the run as a self-contained sbatch script
+for a Slurm cluster ddplab does not manage); secrets (the lab's 0700 folder of control-side keys).
 """
 
 import argparse
@@ -25,6 +25,7 @@ VERBS = {
     "status": "ddplab.status",
     "code-check": "ddplab.code_check",
     "smoke-verdict": "ddplab.smoke_verdict",
+    "compile-ship": "ddplab.compile_ship",
     "validate": "ddplab.settings",
     "settings": "ddplab.settings",
     "preflight-verdict": "ddplab.preflight.verdict",

@@ -136,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("code-tune", help="run the configured entry point as N local ranks over loopback gloo "
                                      "for a bounded time, read its tokens/s (nodeprobe/code_tune.py)")
 
+    cs = sub.add_parser("compile-seed", help="pack the master's torch.compile caches, this node's "
+                        "fingerprint, or unpack a seed the control host checked (nodeprobe/compile_seed.py)")
+    cs.add_argument("action", choices=["pack", "fingerprint", "unpack"])
+
     sub.add_parser("place-files", help="write small files from a JSON spec on stdin, each only when it "
                                        "differs (nodeprobe/place_files.py)")
     sub.add_parser("prune-placed", help="remove the files ddplab placed in a folder that left the plan, "
@@ -198,6 +202,10 @@ def main(argv=None) -> int:
         from nodeprobe import code_smoke, code_tune
 
         return spec_verb(parser, args.cmd, (code_smoke if args.cmd == "code-smoke" else code_tune).run)
+    if args.cmd == "compile-seed":
+        from nodeprobe import compile_seed
+
+        return spec_verb(parser, args.cmd, lambda text: compile_seed.run(args.action, text))
     if args.cmd == "gloo-smoke":
         if not 0 <= args.rank < args.world:
             parser.error(f"--rank {args.rank} is outside 0..{args.world - 1}")

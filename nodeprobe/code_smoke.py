@@ -2,7 +2,9 @@
 
 Before the ranks of a run start, the master runs the user's own entry point (with its arguments and
 ``ddplab_env``, as the launch would) as 2 local ranks for at most ``seconds``, or until every rank has
-made ``steps`` optimizer steps, under nodeprobe/smoke_rank.py, which records what each rank did. The
+made ``steps`` optimizer steps (torch.compile's seconds not counted: the limit judges the code, the
+compile warms the caches the run's ranks load, nodeprobe/compile_seed.py), under nodeprobe/smoke_rank.py,
+which records what each rank did. The
 verdict (``judge``) says whether the code trains as one DDP run on CPU: it refuses a crash (the user's
 file:line), no process group, a group that is not gloo of world size 2, no collective before the first
 optimizer step (each rank trains alone), parameters that differ across the ranks after a step, and an
@@ -48,6 +50,9 @@ LINK_BYTES = 1 << 20  # larger files of the code are symlinked into the scratch 
 MARKER = ".ddplab-smoke"  # in the scratch folder: ddplab made it, so ddplab may remove it
 GRACE_S = 3.0  # after one rank failed, how long the other may take to record its own end
 POLL_S = 0.2
+# torch.compile's seconds do not count against the limit (a cold compile of nanochat d4 takes minutes on a
+# small machine), up to this many: a compile that never ends still ends the smoke run
+MAX_COMPILE_S = 1200.0
 CACHE_KEEP = 32
 RANK_SCRIPT = Path(__file__).with_name("smoke_rank.py")
 MISSING_MODULE = re.compile(r"No module named '([^']+)'")
@@ -196,6 +201,14 @@ def tail(path: Path, lines: int = 12) -> list[str]:
         return []
 
 
+def compile_seconds(recs: list[dict], now: float) -> float:
+    """The seconds the slowest rank spent compiling so far (the others wait for it at their next collective),
+    up to MAX_COMPILE_S."""
+    spent = [rec.get("compile_s", 0.0) + (now - rec["compiling_since"] if rec.get("compiling_since") else 0.0)
+             for rec in recs]
+    return min(max(spent, default=0.0), MAX_COMPILE_S)
+
+
 def rank_argv(spec: dict, report: Path, steps: int) -> list[str]:
     """A rank's command: the entry point under the recording shim, or (``measure``: ddplab tune) as it is."""
     entry = entry_argv(spec["entrypoint"], spec.get("args") or [])
@@ -219,6 +232,7 @@ def run_ranks(spec: dict, scratch: Path) -> dict:
     procs: list[subprocess.Popen] = []
     start = time.monotonic()
     timed_out = False
+    compiled = 0.0
     try:
         with open(logs / "store.log", "wb") as log:
             store = subprocess.Popen([python, str(RANK_SCRIPT), "store", str(sock.fileno())],
@@ -243,7 +257,8 @@ def run_ranks(spec: dict, scratch: Path) -> dict:
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
                 break
-            if store.poll() is not None or time.monotonic() - start > seconds:
+            compiled = compile_seconds(recs, time.time())
+            if store.poll() is not None or time.monotonic() - start - compiled > seconds:
                 timed_out = store.poll() is None
                 break
     finally:
@@ -260,7 +275,7 @@ def run_ranks(spec: dict, scratch: Path) -> dict:
         rec["log_tail"] = tail(logs / f"rank{r}.log")
         out.append(rec)
     return {"ranks": out, "timed_out": timed_out, "seconds": round(time.monotonic() - start, 1),
-            "steps_wanted": steps, "limit_s": seconds, "files": copied,
+            "steps_wanted": steps, "limit_s": seconds, "files": copied, "compile_s": round(compiled, 1),
             "store_log": tail(logs / "store.log", 5) if procs[0].returncode not in (None, -9) else []}
 
 
@@ -273,6 +288,10 @@ def grouped(rank: dict) -> bool:
     """The rank made a gloo process group of the smoke run's world size."""
     init = rank.get("init") or {}
     return init.get("backend") == "gloo" and init.get("world") == WORLD
+
+
+def compiling(run: dict) -> str:
+    return f" (besides {run['compile_s']:g} s of torch.compile)" if run.get("compile_s") else ""
 
 
 def judge(run: dict) -> dict:
@@ -316,7 +335,8 @@ def judge(run: dict) -> dict:
     if not stepped:
         if run["timed_out"]:
             return {"verdict": "inconclusive", "problems": [], "note": (
-                f"no rank made an optimizer step within {run['limit_s']:g} s; nothing was judged "
+                f"no rank made an optimizer step within {run['limit_s']:g} s{compiling(run)}; nothing was "
+                "judged "
                 "(raise ddplab_smoke_seconds to let it reach one)")}
         if all(grouped(r) and max(r.get("ops") or 0, sum((r.get("calls") or {}).values())) for r in ranks):
             return {"verdict": "pass", "problems": [], "note": (
@@ -365,7 +385,7 @@ def judge(run: dict) -> dict:
     short = len(stepped) < WORLD or min(len(r["steps"]) for r in stepped) < wanted
     if short and run["timed_out"]:
         return {"verdict": "inconclusive", "problems": [], "note": (
-            f"not every rank made {wanted} optimizer steps within {run['limit_s']:g} s")}
+            f"not every rank made {wanted} optimizer steps within {run['limit_s']:g} s{compiling(run)}")}
     return {"verdict": "pass", "problems": []}
 
 
@@ -432,6 +452,7 @@ def code_smoke(spec: dict) -> dict:
                 "traceback": (r.get("error") or {}).get("traceback"), "log_tail": r.get("log_tail")}
              for r in run["ranks"]]
     return {"probe": "code-smoke", **verdict, "seconds": run["seconds"], "timed_out": run["timed_out"],
+            "compile_s": run["compile_s"],
             "limit_s": run["limit_s"], "steps_wanted": run["steps_wanted"], "files": run["files"],
             "ranks": ranks, "key": key}
 

@@ -127,6 +127,18 @@ class Recorder:
             self.rec["ddp"] += 1
             self.write()
 
+    def on_compile(self, starts: bool) -> None:
+        """torch.compile started or ended compiling (dynamo's callbacks: a new frame, or a backward compiled
+        at its first run): the launcher does not count these seconds against its limit."""
+        with self.lock:
+            now = time.time()
+            since = self.rec.pop("compiling_since", None)
+            if since is not None:
+                self.rec["compile_s"] = self.rec.get("compile_s", 0.0) + now - since
+            if starts:
+                self.rec["compiling_since"] = now
+            self.write()
+
     def on_step(self, optimizer) -> None:
         digest = params_digest(optimizer)
         with self.lock:
@@ -235,7 +247,34 @@ def install(rec: Recorder) -> None:
         rec.on_ddp()
 
     DistributedDataParallel.__init__ = ddp_init
+    watch_compiles(rec)
     register_optimizer_step_post_hook(lambda optimizer, _args, _kwargs: rec.on_step(optimizer))
+
+
+def watch_compiles(rec: Recorder) -> None:
+    """Time torch.compile's compiles: each torch.compile call (the first imports dynamo and inductor, seconds
+    of a cold start), then dynamo's start and end callbacks around each compile (importing dynamo here
+    would cost code that never compiles)."""
+    import torch
+
+    original = torch.compile
+    installed = []
+
+    def compile_(*args, **kwargs):
+        rec.on_compile(True)
+        if not installed:
+            from torch._dynamo.callback import callback_handler
+
+            callback_handler.register_start_callback(lambda _args: rec.on_compile(True))
+            callback_handler.register_end_callback(lambda _args: rec.on_compile(False))
+            installed.append(True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            rec.on_compile(False)
+
+    compile_.__wrapped__ = original
+    torch.compile = compile_
 
 
 def run_entry(entry: list[str], code_root: str) -> None:

@@ -39,6 +39,7 @@ class DistInfo:
 
 
 _INFO = DistInfo()
+COMPILE_TIMEOUT_S = 1800.0  # torch's own default for a gloo group: covers a cold compile of the first step
 
 
 def info() -> DistInfo:
@@ -62,6 +63,18 @@ def init_distributed(device_type: str = "cpu", timeout_s: float = 180.0) -> Dist
                                 timeout=datetime.timedelta(seconds=timeout_s))
     _INFO = DistInfo(rank, local_rank, world, local_world, backend)
     return _INFO
+
+
+def first_step_timeout(timeout_s: float, compiled: bool) -> float:
+    """The process group's timeout until the first step ends: a rank that compiles the model cold (--compile:
+    minutes on a small CPU, each rank on its own when its cache is cold) keeps the others waiting at the first
+    collective, so they wait up to COMPILE_TIMEOUT_S then; ``set_timeout`` brings it back afterwards."""
+    return max(timeout_s, COMPILE_TIMEOUT_S) if compiled else timeout_s
+
+
+def set_timeout(timeout_s: float) -> None:
+    if _INFO.is_distributed and dist.is_initialized():
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s))
 
 
 def is_main_process() -> bool:

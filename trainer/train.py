@@ -124,6 +124,8 @@ def run(cfg: TrainConfig) -> int:
     model.train()
     for step in range(prog.step, cfg.steps):
         rec, synced = train_step(cfg, start, parts, model, comm, timer, prog, step)
+        if cfg.compile and not prog.records:  # this process's first step compiled: the long wait ends
+            D.set_timeout(cfg.pg_timeout_s)
         done = step + 1
         if synced and parts.evaluator.due(prog.tokens_at_sync, prog.tokens_seen, last=done == cfg.steps):
             rec |= parts.evaluator.evaluate(parts.raw, cfg.device, start.dtype, prog.tokens_seen)  # not in dt
@@ -149,7 +151,7 @@ def agree_on_start(cfg: TrainConfig) -> Start:
     a problem anywhere) before anything is written."""
     if cfg.device == "cuda" and not torch.cuda.is_available():  # the only CUDA query, and only for cuda
         raise UsageError("--device cuda but torch sees no CUDA device; ddplab trains on --device cpu")
-    di = D.init_distributed(cfg.device, cfg.pg_timeout_s)
+    di = D.init_distributed(cfg.device, D.first_step_timeout(cfg.pg_timeout_s, cfg.compile))
     device = torch.device("cuda", di.local_rank) if cfg.device == "cuda" else torch.device("cpu")
     threads = setup_threads(cfg.threads, di.local_world_size)
     cfg.resolve(di.world_size)  # --global-batch-tokens -> --grad-accum for this world size

@@ -41,6 +41,9 @@ CASES = {  # entry point -> (args, user_env)
     "-m scripts.base_train": (["--device-type=cpu"], {}),
 }
 CHATLIKE = FIXTURES / "chatlike"
+# the smoke run's limit in the cold compile test: below the seconds compiled_ddp.py's ranks spend compiling
+# cold (40 to 115 s on this 2-core machine under load), above what the rest takes (startup, steps: 5 to 13 s)
+COMPILE_LIMIT_S = 20
 
 
 def spec_for(entry: str, scratch: Path, **extra) -> dict:
@@ -236,14 +239,17 @@ def test_local_rank_for_the_rank_trains_on_a_lab_of_one_node(tmp_path):
 def test_each_rank_compiles_into_a_folder_of_its_own(tmp_path):
     """torch.compile (inductor on CPU) cold in both ranks: each builds its libraries in its own folder under
     the lab's compile cache. None reach torch's default, $TMPDIR/torchinductor_<user>, which another local
-    user can create first (here: made world-writable beforehand, as such a user would leave it)."""
+    user can create first (here: made world-writable beforehand, as such a user would leave it). The
+    compile's seconds do not count against the limit (COMPILE_LIMIT_S, less than the cold compile here)."""
     cache = tmp_path / "lab" / "compile-cache"
     planted = tmp_path / "tmp" / f"torchinductor_{getpass.getuser()}"
     planted.mkdir(parents=True)
     planted.chmod(0o777)
-    r = smoke(spec_for("compiled_ddp.py", tmp_path / "r" / "smoke", compile_cache=str(cache), seconds=300),
-              timeout=330, env={"TMPDIR": str(planted.parent)})
+    r = smoke(spec_for("compiled_ddp.py", tmp_path / "r" / "smoke", compile_cache=str(cache),
+                       seconds=COMPILE_LIMIT_S), timeout=330, env={"TMPDIR": str(planted.parent)})
+    print(f"\ncold compile in the smoke run: {r['seconds']} s in all, {r['compile_s']} s compiling")
     assert r["verdict"] == "pass", r
+    assert r["compile_s"] > COMPILE_LIMIT_S, r  # the compile alone outlasted the limit
     assert list(planted.iterdir()) == []
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     built = {rank: sorted(p.name for p in (cache / f"smoke-rank{rank}").rglob("*.so")) for rank in (0, 1)}
