@@ -165,6 +165,7 @@ def unpack(spec: dict) -> dict:
         if folder.is_symlink():
             raise SeedRefused(f"{folder} is a link; nothing was unpacked into it")
         folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)  # rank_python made it with the umask's mode
         for rel, data in entries:
             if place(folder, rel, data):
                 placed += 1

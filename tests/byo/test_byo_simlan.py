@@ -266,3 +266,31 @@ def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_
         assert "ddplab: warning: node0:" in asked.stdout and "requirements.txt changed since" in asked.stdout
     finally:
         simlan_cluster.discard()  # ufw enabled, lab folders written: the next module gets fresh hosts
+
+
+def test_the_masters_compile_cache_makes_each_nodes_first_compile_warm(simlan2, lab, seed_run, tmp_path):
+    """Compile once per lab: code whose input preparation goes through torch.compile. The smoke run compiles
+    it cold on the master; the master's cache (seed.tar) reaches the control host once and node1 from there
+    (star: 2 nodes), 0600 in 0700 folders; each rank of the run then finds its graph in its own folder's
+    cache (inductor's FX graph cache: a hit, no miss), node1's too, which never compiled it."""
+    _seeded(seed_run)
+    code = tmp_path / "code"
+    shutil.copytree(FIXTURES / "compiled_prep", code)
+    # the smoke run's limit does not count the compile it warms (40 to 120 s cold on this machine)
+    extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-compiled", "ddplab_code_dir": code,
+             "ddplab_entrypoint": "train.py", "ddplab_smoke_seconds": 60}
+    proc = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=900, extra=extra)
+    assert proc.returncode == 0, tail(proc)
+    assert re.search(r"the master's torch\.compile cache \(\d+ files, [\d.]+ MiB, warmed by the smoke run\) "
+                     r"goes to node0, node1", proc.stdout), tail(proc)
+    run = lab["ddplab_runs_dir"] / "byo-compiled"
+    for host, rank in zip(HOSTS, (0, 1), strict=True):
+        log = (run / host / "launch.log").read_text()
+        assert re.search(rf"rank {rank} local 0 first step [\d.]+ s fxgraph hit 1 miss 0", log), log[-2000:]
+        first = re.search(r"first step [\d.]+ s", log).group(0)
+        print(f"\n{host}: {first} (shipped cache)")
+        modes = simlan2.exec(host, ["stat", "-c", "%a %n", "/root/ddplab/compile-cache",
+                                    "/root/ddplab/compile-cache/seed.tar", "/root/ddplab/compile-cache/local0"],
+                             timeout=30, check=True).stdout.split("\n")
+        assert [m.split()[0] for m in modes if m] == ["700", "600", "700"], modes
+    assert oct((run / "compile-cache" / "seed.tar").stat().st_mode & 0o777) == "0o600"
