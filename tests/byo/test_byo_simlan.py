@@ -289,8 +289,8 @@ def test_the_masters_compile_cache_makes_each_nodes_first_compile_warm(simlan2, 
         assert re.search(rf"rank {rank} local 0 first step [\d.]+ s fxgraph hit 1 miss 0", log), log[-2000:]
         first = re.search(r"first step [\d.]+ s", log).group(0)
         print(f"\n{host}: {first} (shipped cache)")
-        modes = simlan2.exec(host, ["stat", "-c", "%a %n", "/root/ddplab/compile-cache",
-                                    "/root/ddplab/compile-cache/seed.tar", "/root/ddplab/compile-cache/local0"],
+        cache = "/root/ddplab/compile-cache"
+        modes = simlan2.exec(host, ["stat", "-c", "%a %n", cache, f"{cache}/seed.tar", f"{cache}/local0"],
                              timeout=30, check=True).stdout.split("\n")
         assert [m.split()[0] for m in modes if m] == ["700", "600", "700"], modes
     assert oct((run / "compile-cache" / "seed.tar").stat().st_mode & 0o777) == "0o600"
