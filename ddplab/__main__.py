@@ -27,6 +27,7 @@ VERBS = {
     "smoke-verdict": "ddplab.smoke_verdict",
     "compile-ship": "ddplab.compile_ship",
     "validate": "ddplab.settings",
+    "plan": "ddplab.plan",
     "settings": "ddplab.settings",
     "preflight-verdict": "ddplab.preflight.verdict",
     "code-tree": "ddplab.code_tree",

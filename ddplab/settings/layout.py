@@ -5,7 +5,7 @@ unique with the master at 0, addresses peers can reach (no loopback, no duplicat
 is this machine (ansible_connection: local). Added (issue 12): a missing group is an error, addresses
 are IPv4 literals or names resolving to one IPv4 address here (no `any`, no CIDR). A --limit is fine
 here (prepare and preflight work on part of the lab); launch.yml and start.yml refuse one that leaves
-out nodes of the run in playbooks/require_every_node.yml.
+out nodes of the run in ddplab/plan.py.
 """
 
 from __future__ import annotations

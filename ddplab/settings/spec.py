@@ -289,9 +289,9 @@ INTERNAL = frozenset({
     "ddplab_last_run", "ddplab_run_id_mode", "ddplab_root_abs", "ddplab_rank_cwd",
     # roles/lab_facts (facts and the task vars that build them) and the --limit plays
     "ddplab_addrs", "ddplab_byo", "ddplab_master_lab", "ddplab_master_root_abs", "ddplab_left_out",
-    "ddplab_settings_checked", "ddplab_dirs_made", "ddplab_slurm_controller_host",
-    # launch.yml: the hosts of an imported playbook's plays ([] when launch does not need it)
-    "ddplab_play_hosts",
+    "ddplab_dirs_made", "ddplab_slurm_controller_host", "ddplab_run_chosen",
+    # roles/plan: the command's plan (ddplab/plan.py), read by every later play
+    "ddplab_plan",
     # not a variable: the action plugin plugins/action/ddplab_control.py
     "ddplab_control",
 })

@@ -1,6 +1,6 @@
 """`python -m ddplab validate`: every ddplab_* setting of every node checked before a node is touched.
 
-Input (JSON on stdin, written by roles/settings_check; usable by hand too):
+Input (JSON on stdin, written by roles/plan; usable by hand too):
 
     {"playbook_dir": "/path/ddplab/playbooks",
      "groups": {"ddplab_nodes": [...], "ddplab_master": [...], "ddplab_workers": [...]},
@@ -8,7 +8,7 @@ Input (JSON on stdin, written by roles/settings_check; usable by hand too):
      "hosts": {"node0": {"vars": {"ddplab_node_rank": 0, ...},   # ddplab_* as inventory and -e give them
                          "ansible_host": "10.0.0.5", "ansible_connection": "ssh"}}}
 
-(roles/settings_check sends the same as columns: "given", "node_rank", "addr", "ansible_host",
+(roles/plan sends the same as columns: "given", "node_rank", "addr", "ansible_host",
 "ansible_connection", each host -> value; see from_columns.)
 
 A name missing from "vars" takes its default from the spec. Output: one line per problem on stderr,

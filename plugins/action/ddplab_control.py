@@ -19,6 +19,10 @@ and the last one (what was sent, how fast) when it ends; the result's ``progress
 one. Ansible's default output shows a task only when it ends, which is why the transfers used to run as
 async jobs polled by three tasks a round (a module run each on the control host); here one task does it.
 ``timeout`` (s) stops the command (SIGTERM, then SIGKILL) and fails the task.
+
+``fact: NAME``: when the command exits 0, its stdout (JSON) becomes the fact NAME, on every host of the play
+when the task is ``run_once`` (how ``python -m ddplab plan`` hands its plan to the plays: one task, no
+``set_fact`` after it).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ options:
   progress_label: {type: str, default: "", description: What the progress lines start with.}
   progress_every: {type: float, default: 3, description: Seconds between progress lines.}
   timeout: {type: int, default: 0, description: Stop the command after this many seconds (0 = never).}
+  fact: {type: str, default: "", description: The fact that receives stdout (JSON) when the command exits 0.}
 """
 
 display = Display()
@@ -111,7 +116,7 @@ class ActionModule(ActionBase):
     _requires_connection = False
     _supports_check_mode = True
     _VALID_ARGS = frozenset(("argv", "chdir", "stdin", "progress", "progress_label", "progress_every",
-                             "timeout"))
+                             "timeout", "fact"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -123,6 +128,7 @@ class ActionModule(ActionBase):
             "progress_label": {"type": "str", "default": ""},
             "progress_every": {"type": "float", "default": 3.0},
             "timeout": {"type": "int", "default": 0},
+            "fact": {"type": "str", "default": ""},
         })
         if self._play_context.check_mode:
             result.update(skipped=True, msg="skipped in check mode (set check_mode: false to run it)")
@@ -164,4 +170,10 @@ class ActionModule(ActionBase):
             result["progress_lines"] = last
         if rc != 0:
             result["msg"] = "non-zero return code"
+        elif args["fact"]:
+            try:
+                result["ansible_facts"] = {args["fact"]: json.loads(out)}
+            except ValueError as e:
+                raise AnsibleActionFail(
+                    f"ddplab_control: {argv[0]} printed no JSON for {args['fact']}: {e}") from None
         return result

@@ -196,7 +196,7 @@ def test_bad_input_stops_before_any_node_is_touched(lab, row):
 
 
 def test_healthy_inventory_passes_validation_with_no_warning(lab):
-    proc, seconds = play(lab, playbook="validate_inventory.yml")
+    proc, seconds = play(lab, playbook="plan.yml")
     out = proc.stdout + proc.stderr
     print(f"\nhealthy validation: {seconds:.2f} s")
     assert proc.returncode == 0, out[-3000:]
@@ -206,7 +206,7 @@ def test_healthy_inventory_passes_validation_with_no_warning(lab):
 
 def test_not_strict_turns_a_typo_into_a_warning(lab):
     proc, _ = play(lab, *e("ddplab_strict", "false"), *e("ddplab_trainer_stpes", 3),
-                   playbook="validate_inventory.yml")
+                   playbook="plan.yml")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "ddplab: warning: ddplab_trainer_stpes (all)" in out
