@@ -87,7 +87,9 @@ class ActionModule(ActionBase):
                 result.update(failed=True, msg=problem, polls=polls, changed=False)
                 return result
             display.display(f"{host}: {progress_line(state)}")
-        result.update(state=state, polls=polls, timed_out=state.get("state") in LIVE, changed=False)
+        # the fact launch_state too: no set_fact task after each wait
+        result.update(state=state, polls=polls, timed_out=state.get("state") in LIVE, changed=False,
+                      ansible_facts={"launch_state": state})
         return result
 
     @staticmethod
