@@ -20,6 +20,9 @@ one. Ansible's default output shows a task only when it ends, which is why the t
 async jobs polled by three tasks a round (a module run each on the control host); here one task does it.
 ``timeout`` (s) stops the command (SIGTERM, then SIGKILL) and fails the task.
 
+``show: true`` prints what the command printed once it ends (stdout, or stderr when it exited non-zero), as a
+debug task after it would, without that task.
+
 ``fact: NAME``: when the command exits 0, its stdout (JSON) becomes the fact NAME, on every host of the play
 when the task is ``run_once`` (how ``python -m ddplab plan`` hands its plan to the plays: one task, no
 ``set_fact`` after it).
@@ -51,6 +54,7 @@ options:
   progress_every: {type: float, default: 3, description: Seconds between progress lines.}
   timeout: {type: int, default: 0, description: Stop the command after this many seconds (0 = never).}
   fact: {type: str, default: "", description: The fact that receives stdout (JSON) when the command exits 0.}
+  show: {type: bool, default: false, description: Print stdout (stderr when it failed) once the command ends.}
 """
 
 display = Display()
@@ -116,7 +120,7 @@ class ActionModule(ActionBase):
     _requires_connection = False
     _supports_check_mode = True
     _VALID_ARGS = frozenset(("argv", "chdir", "stdin", "progress", "progress_label", "progress_every",
-                             "timeout", "fact"))
+                             "timeout", "fact", "show"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -129,6 +133,7 @@ class ActionModule(ActionBase):
             "progress_every": {"type": "float", "default": 3.0},
             "timeout": {"type": "int", "default": 0},
             "fact": {"type": "str", "default": ""},
+            "show": {"type": "bool", "default": False},
         })
         if self._play_context.check_mode:
             result.update(skipped=True, msg="skipped in check mode (set check_mode: false to run it)")
@@ -162,6 +167,8 @@ class ActionModule(ActionBase):
             stopped = f"ddplab: error: {argv[0]} was stopped after {args['timeout']} s"
             err = f"{err}\n{stopped}" if err else stopped
         rc = proc.returncode
+        if args["show"]:
+            show((out if rc == 0 else err).splitlines(), "")
         result.update(
             cmd=argv, rc=rc, stdout=out, stderr=err, stdout_lines=out.splitlines(),
             stderr_lines=err.splitlines(), delta=f"{time.monotonic() - start:.3f}", changed=True,

@@ -34,6 +34,16 @@ def recap(proc: subprocess.CompletedProcess) -> dict[str, dict[str, int]]:
             for m in RECAP.findall(proc.stdout)}
 
 
+def task_headers(proc: subprocess.CompletedProcess) -> list[str]:
+    """The TASK [...] headers the playbook printed, in order."""
+    return re.findall(r"^TASK \[(.*)\] \**$", proc.stdout, re.M)
+
+
+def empty_plays(proc: subprocess.CompletedProcess) -> list[str]:
+    """The plays that matched no host ("skipping: no hosts matched")."""
+    return re.findall(r"^PLAY \[(.*)\] \**\nskipping: no hosts matched", proc.stdout, re.M)
+
+
 def tail(proc: subprocess.CompletedProcess, n: int = 60) -> str:
     return "\n".join((proc.stdout + proc.stderr).splitlines()[-n:])
 

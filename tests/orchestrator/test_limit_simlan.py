@@ -10,12 +10,14 @@ import time
 import pytest
 
 from tests.helpers.firewall import ephemeral_ports, peer_rules
-from tests.helpers.playbooks import make_shards, playbook, tail
+from tests.helpers.playbooks import empty_plays, make_shards, playbook, tail, task_headers
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
 COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 30}
 RUN = "lim-a"
+# A relaunch of a prepared, unchanged lab shows at most this many task headers (issue 48).
+RELAUNCH_TASK_HEADERS = 38
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +128,13 @@ def test_prepare_limit_brings_a_wiped_node_back(finished, lab):
     assert run.returncode == 0, tail(run)
     summary = json.loads((lab["ddplab_runs_dir"] / "lim-b" / "summary.json").read_text())
     assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
+    # That launch is a relaunch of a prepared, unchanged lab (README's launch.yml -e ddplab_wait=true): one
+    # plan, no empty play, nothing prepared, at most RELAUNCH_TASK_HEADERS tasks shown (issue 48: 61 before).
+    headers = task_headers(run)
+    assert empty_plays(run) == [] and "skipping: no hosts matched" not in run.stdout, tail(run)
+    assert len(headers) <= RELAUNCH_TASK_HEADERS, "\n".join(headers)
+    prepare_roles = ("node_prereqs", "torch_env", "code_sync", "dataset", "firewall")
+    assert not any(h.startswith(prepare_roles) for h in headers), "\n".join(headers)
 
 
 @pytest.mark.parametrize("chosen,other", [("node1", "node0"), ("node0", "node1")])

@@ -72,6 +72,6 @@ def test_bad_setting_leaves_the_nodes_untouched(lab_nodes, shards, tmp_path, row
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "ddplab: error: " in out and message in out, out[-3000:]
-    assert "PLAY [Prepare every node]" not in out
+    assert "PLAY [Prepare" not in out
     assert node_state(lab_nodes) == before
     assert "Status: active" in before["node0"]

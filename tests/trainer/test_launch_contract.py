@@ -1,12 +1,13 @@
 """trainer/launch_contract.py is the one home of the run-id form and the rendezvous port: the control
-side (settings, Jinja in run_id.yml) and the trainer accept the same run ids and make them the same way."""
+side (settings, the plan that run_id.yml reads) and the trainer accept the same run ids and make them the same
+way."""
 
 import re
 import time
 
 import pytest
-import yaml
 
+from ddplab import plan
 from ddplab.settings.spec import SETTINGS
 from ddplab.settings.values import coerce
 from tests.helpers.trainer_runs import REPO
@@ -14,7 +15,7 @@ from trainer.config import TrainConfig, UsageError
 from trainer.launch_contract import MASTER_PORT, RUN_ID, RUN_ID_TIME_FORMAT, is_run_id, new_run_id
 
 SPEC = {s.name: s for s in SETTINGS}
-RUN_ID_TASKS = yaml.safe_load((REPO / "roles/ddplab/tasks/run_id.yml").read_text())
+INV = {"groups": {"ddplab_nodes": ["n0"], "ddplab_master": ["n0"]}, "hosts": {"n0": {"vars": {}}}}
 IDS = ["run-1", "r", "run-20261126-113000-ab12cd", "a.b_c-D9", "A" * 64, "A" * 65, "-x", ".x", "_x",
        "a/b", "a b", "é", "run:1", "x\n"]
 
@@ -33,11 +34,13 @@ def test_the_trainer_and_the_settings_accept_the_same_run_ids(run_id):
     assert _trainer_accepts(run_id) == accepted_by_settings == is_run_id(run_id)
 
 
-def test_run_id_yml_checks_and_makes_run_ids_as_the_contract_says():
-    task = {t["name"]: t for t in RUN_ID_TASKS}
-    assert task["Check the run id"]["ansible.builtin.assert"]["that"] == f"ddplab_run is match('^{RUN_ID}$')"
-    made = task["Choose the run id"]["ansible.builtin.set_fact"]["ddplab_run"]
-    assert f"'run-' ~ now(fmt='{RUN_ID_TIME_FORMAT}')" in made
+def test_run_id_yml_spells_no_run_id_form_and_the_plan_makes_them_as_the_contract_says():
+    text = (REPO / "roles/ddplab/tasks/run_id.yml").read_text()
+    assert RUN_ID not in text and RUN_ID_TIME_FORMAT not in text and "now(" not in text
+    assert "ddplab_plan.run_id_pattern" in text
+    made = plan.new_run_id(time.mktime((2026, 11, 26, 9, 5, 7, 0, 0, -1)))
+    assert is_run_id(made) and re.fullmatch(r"run-20261126-090507-[a-z0-9]{6}", made)
+    assert re.fullmatch(plan.decide(INV, "launch")["run_id_pattern"], made)
 
 
 def test_a_generated_run_id_is_a_run_id_of_the_time():
