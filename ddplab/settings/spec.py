@@ -187,6 +187,9 @@ SETTINGS: tuple[Setting, ...] = (
             "launch.yml: run even where a node's firewall is off (ufw inactive, none installed), its master "
             "port and gloo's ports open to every host of the network; without it launch refuses such a node "
             "(preflight's firewall row; prepare -e firewall_enable=true turns the firewall on instead)."),
+    Setting("ddplab_prepare_always", "bool", False,
+            "launch.yml: prepare every node even when every check passes (as prepare.yml would, then the "
+            "launch), e.g. to copy the code again; without it a launch prepares only when a check fails."),
     Setting("ddplab_replace_running", "bool", False,
             "prepare.yml / launch.yml: also end a live run of this lab (its torchrun still running) on a "
             "node; without it such a run is refused with a message naming it (stop.yml ends it)."),

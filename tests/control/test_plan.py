@@ -41,11 +41,12 @@ def test_a_failed_preflight_prepares_and_checks_every_node_again():
     assert p["steps"]["prepare"] == p["steps"]["check"] == NODES
 
 
-def test_a_requirements_file_is_always_prepared(tmp_path):
+def test_a_requirements_file_or_ddplab_prepare_always_is_always_prepared(tmp_path):
     req = tmp_path / "requirements.txt"
     req.write_text("tqdm\n")
-    p = plan.decide(inv(ddplab_pip_requirements=str(req)), "launch")
-    assert p["steps"]["prepare"] == p["steps"]["check"] == NODES
+    for given in ({"ddplab_pip_requirements": str(req)}, {"ddplab_prepare_always": True}):
+        p = plan.decide(inv(**given), "launch")
+        assert p["steps"]["prepare"] == p["steps"]["check"] == NODES, given
 
 
 def test_a_new_run_id_for_launch_and_start_the_given_one_kept_and_the_last_one_read_elsewhere():
