@@ -21,7 +21,8 @@ from ddplab.errors import DdplabError
 # The scan's findings that explain a smoke problem with no file:line of its own.
 HINT_KINDS = {"no-group": {"pg-only-on-cuda", "nccl"}, "bad-group": {"nccl", "pg-only-on-cuda"},
               "no-collectives": {"ddp-device-ids", "pg-only-on-cuda"}, "crash": set(), "disagree": set(),
-              "no-training": {"cuda-required"}, "rank-layout": set(), "missing-module": {"cuda-import"}}
+              "no-training": {"cuda-required"}, "rank-layout": set(), "missing-module": {"cuda-import"},
+              "shard-layout": set(), "shard-cover": set()}
 
 
 def hints_for(problem: dict, findings: list[Finding]) -> list[Finding]:
@@ -39,11 +40,23 @@ def hints_for(problem: dict, findings: list[Finding]) -> list[Finding]:
 
 
 def summary(result: dict) -> str:
+    """What the ranks did: their steps, the parameters' agreement and the collectives; for FSDP2 also how
+    the shards split the model and the all-gathers and reduce-scatters counted."""
     ranks = result.get("ranks") or []
     ops = [r.get("ops_before_first_step") or 0 for r in ranks]
     steps = min((r.get("steps") or 0 for r in ranks), default=0)
-    return (f"{steps} optimizer steps on each rank, parameters equal across the ranks, "
-            f"{min(ops, default=0)}+ collectives before the first step")
+    shards = [r.get("shards") for r in ranks]
+    if ranks and all(shards):
+        held = ", ".join(f"rank {r['rank']} {s['local_numel']:,}" for r, s in zip(ranks, shards, strict=True))
+        calls = ranks[0].get("calls") or {}
+        kinds = ", ".join(f"{calls[k]} {k}" for k in sorted(calls) if calls[k])
+        return (f"it trains as one sharded (FSDP2) run: {steps} optimizer steps on each rank, "
+                f"{shards[0]['params']} parameters sharded over a device mesh of {shards[0]['mesh_size']}, "
+                f"their {shards[0]['global_numel']:,} values held once ({held}), the other parameters equal "
+                f"across the ranks, {min(ops, default=0)}+ collectives before the first step (rank 0 in "
+                f"all: {kinds or 'none by name'})")
+    return (f"it trains as one DDP run: {steps} optimizer steps on each rank, parameters equal across the "
+            f"ranks, {min(ops, default=0)}+ collectives before the first step")
 
 
 def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tuple[int, list[str]]:
@@ -58,8 +71,7 @@ def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tupl
         return 0, [f"ddplab: {what}) passed before for this code, arguments, ddplab_env and torch: "
                    "not run again"]
     if verdict == "pass":
-        said = f"passed; note: {result['note']}" if result.get("note") else (
-            f"it trains as one DDP run: {summary(result)}")
+        said = f"passed; note: {result['note']}" if result.get("note") else summary(result)
         lines = [f"ddplab: {what}, {seconds:g} s): {said}"]
         lines += [f"ddplab: note: the CPU check's guess {f.path}:{f.line} ({f.what}) is contradicted: "
                   "the smoke run trained past it" for f in errors]

@@ -4,11 +4,11 @@ Before the ranks of a run start, the master runs the user's own entry point (wit
 ``ddplab_env``, as the launch would) as 2 local ranks for at most ``seconds``, or until every rank has
 made ``steps`` optimizer steps (torch.compile's seconds not counted: the limit judges the code, the
 compile warms the caches the run's ranks load, nodeprobe/compile_seed.py), under nodeprobe/smoke_rank.py,
-which records what each rank did. The
-verdict (``judge``) says whether the code trains as one DDP run on CPU: it refuses a crash (the user's
-file:line), no process group, a group that is not gloo of world size 2, no collective before the first
-optimizer step (each rank trains alone), parameters that differ across the ranks after a step, and an
-exit without any optimizer step.
+which records what each rank did. The verdict (``judge``) says whether the code trains as one DDP run on
+CPU, or one sharded run (FSDP2): it refuses a crash (the user's file:line), no process group, a group that
+is not gloo of world size 2, no collective before the first optimizer step (each rank trains alone),
+parameters that differ across the ranks after a step (FSDP2's shards: a layout the ranks do not share,
+shards that do not cover each parameter once), and an exit without any optimizer step.
 
 Nothing is left in the user's tree: the code runs in a scratch copy (``scratch``, a folder of ddplab's own
 in the run folder: folders recreated, files up to LINK_BYTES copied, larger ones symlinked, read-only by
@@ -371,15 +371,7 @@ def judge(run: dict) -> dict:
                     "the gradients before optimizer.step()", r["rank"]))
                 break
     if not problems and len(stepped) == WORLD:
-        for k in range(min(len(r["steps"]) for r in stepped)):
-            digests = {r["steps"][k]["sha256"] for r in stepped}
-            if len(digests) > 1:
-                problems.append(problem(
-                    "disagree", f"the ranks' parameters differ after optimizer step {k + 1} "
-                    f"({stepped[0]['steps'][k]['optimizer']})", "start from the same weights (DDP "
-                    "broadcasts rank 0's) and average the gradients of every parameter before the step "
-                    "(DDP does; a manual all-reduce must cover all of them)"))
-                break
+        problems += disagreements(stepped)
     if problems:
         return {"verdict": "fail", "problems": problems}
     short = len(stepped) < WORLD or min(len(r["steps"]) for r in stepped) < wanted
@@ -387,6 +379,42 @@ def judge(run: dict) -> dict:
         return {"verdict": "inconclusive", "problems": [], "note": (
             f"not every rank made {wanted} optimizer steps within {run['limit_s']:g} s{compiling(run)}")}
     return {"verdict": "pass", "problems": []}
+
+
+def disagreements(stepped: list[dict]) -> list[dict]:
+    """The first optimizer step after which the ranks do not hold one model: parameters every rank holds
+    whole that differ, or parameters sharded by FSDP2 whose layouts differ or whose shards do not cover
+    each parameter exactly once over the ranks (each rank holding all of it trains alone)."""
+    for k in range(min(len(r["steps"]) for r in stepped)):
+        steps = [r["steps"][k] for r in stepped]
+        shards = [s.get("shards") for s in steps]
+        optimizer = steps[0]["optimizer"]
+        if len({s["sha256"] for s in steps}) > 1:
+            sharded = any(shards)
+            return [problem(
+                "disagree", f"the ranks' {'unsharded ' if sharded else ''}parameters differ after optimizer "
+                f"step {k + 1} ({optimizer})", "apply fully_shard to the root module too (after its blocks): "
+                "a parameter outside every fully_shard unit is neither sharded nor averaged" if sharded else
+                "start from the same weights (DDP broadcasts rank 0's) and average the gradients of every "
+                "parameter before the step (DDP does; a manual all-reduce must cover all of them)")]
+        if not any(shards):
+            continue
+        held = ", ".join(f"rank {r['rank']} {(s or {}).get('local_numel', 0):,}" for r, s in zip(
+            stepped, shards, strict=True))
+        total = max((s or {}).get("global_numel", 0) for s in shards)
+        if not all(shards) or len({s["layout"] for s in shards}) > 1:
+            return [problem(
+                "shard-layout", f"after optimizer step {k + 1} ({optimizer}) the ranks shard different "
+                f"parameters or shapes (values held: {held})", "build the same model on every rank and "
+                "apply fully_shard to the same modules, over one device mesh of all the ranks")]
+        if sum(s["local_numel"] for s in shards) != total:
+            return [problem(
+                "shard-cover", f"after optimizer step {k + 1} ({optimizer}) the ranks' shards hold "
+                f"{sum(s['local_numel'] for s in shards):,} values of a model of {total:,} (values held: "
+                f"{held}; device mesh of {shards[0]['mesh_size']}): each rank trains alone",
+                "shard over a device mesh of all the ranks (fully_shard's default mesh, or "
+                'init_device_mesh("cpu", (world_size,)))')]
+    return []
 
 
 def torch_version() -> str:
@@ -446,7 +474,7 @@ def code_smoke(spec: dict) -> dict:
     if verdict["verdict"] != "pass":
         drop_compile_caches(spec)
     ranks = [{k: r.get(k) for k in ("rank", "init", "ddp", "calls", "ops", "returncode", "exit", "done")}
-             | {"steps": len(r.get("steps") or []),
+             | {"steps": len(r.get("steps") or []), "shards": (r.get("steps") or [{}])[-1].get("shards"),
                 "ops_before_first_step": (r.get("steps") or [{}])[0].get("ops"),
                 "error": {k: v for k, v in (r.get("error") or {}).items() if k != "traceback"} or None,
                 "traceback": (r.get("error") or {}).get("traceback"), "log_tail": r.get("log_tail")}

@@ -11,8 +11,9 @@ DDP's reducer: its all-reduces go from C++ to the ProcessGroup, past any Python 
 on gloo and a one-bucket model, building DDP moved the number by 3, the first backward by 1 and the
 second by 3, when DDP rebuilds its buckets); how many DDP
 models were built; after each optimizer step (torch's global step post-hook, which every
-``torch.optim.Optimizer`` subclass runs) a sha256 of that optimizer's parameters; and the first
-exception, with its frames. After STEPS optimizer steps the rank records ``done`` and sleeps: the
+``torch.optim.Optimizer`` subclass runs) a sha256 of that optimizer's parameters (of those FSDP2
+shards: their layout and this rank's part, see params_digest); and the first exception,
+with its frames. After STEPS optimizer steps the rank records ``done`` and sleeps: the
 launcher, which sees every rank's report, ends the process group.
 
 ``store`` hosts the rendezvous as torchrun's agent does (the ranks run with
@@ -33,10 +34,12 @@ import threading
 import time
 import traceback
 
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object",
+               "all_to_all",
                "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather",
                "gather_object", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-               "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv")
+               "reduce_scatter_single", "scatter_object_list", "send", "recv", "isend", "irecv",
+               "batch_isend_irecv")
 
 
 class RankLayoutError(RuntimeError):
@@ -140,11 +143,11 @@ class Recorder:
             self.write()
 
     def on_step(self, optimizer) -> None:
-        digest = params_digest(optimizer)
+        digest, shards = params_digest(optimizer)
         with self.lock:
             self.rec["steps"].append({"optimizer": type(optimizer).__name__, "sha256": digest,
-                                      "ops": self.group_ops(), "calls": sum(self.rec["calls"].values()),
-                                      "t": time.time()})
+                                      "shards": shards, "ops": self.group_ops(),
+                                      "calls": sum(self.rec["calls"].values()), "t": time.time()})
             done = len(self.rec["steps"]) >= self.steps_wanted
             self.rec["done"] = done
             self.write()
@@ -182,20 +185,47 @@ class Recorder:
             self.write()
 
 
-def params_digest(optimizer) -> str:
-    """sha256 of the bytes of every parameter an optimizer updates, in its own order."""
+def _update(h, tensor) -> None:
     import torch
 
-    h = hashlib.sha256()
+    flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    try:
+        h.update(flat.numpy().tobytes())
+    except RuntimeError:  # torch without numpy
+        h.update(bytes(flat.tolist()))
+
+
+def params_digest(optimizer) -> tuple[str, dict | None]:
+    """What an optimizer's parameters are after its step, in its own order: sha256 of the bytes of every
+    parameter this rank holds whole (a plain tensor, a replicated DTensor), which every rank must hold
+    alike; and for DTensors sharded over a device mesh (FSDP2's fully_shard), their shards: how many values
+    this rank holds of how many, the mesh's size and this rank's place in it, and a sha256 of the layout
+    (each one's global shape, placements and the mesh's ranks), which every rank must share. None when no
+    parameter is sharded."""
+    import torch
+
+    try:
+        from torch.distributed.tensor import DTensor, Replicate
+    except ImportError:  # a torch without DTensor: nothing is sharded
+        DTensor, Replicate = (), None
+    whole, layout = hashlib.sha256(), hashlib.sha256()
+    shards = {"params": 0, "local_numel": 0, "global_numel": 0, "mesh_size": None, "coordinate": None}
     with torch.no_grad():
         for group in optimizer.param_groups:
             for p in group["params"]:
-                flat = p.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-                try:
-                    h.update(flat.numpy().tobytes())
-                except RuntimeError:  # torch without numpy
-                    h.update(bytes(flat.tolist()))
-    return h.hexdigest()
+                if not isinstance(p, DTensor):
+                    _update(whole, p)
+                elif all(isinstance(pl, Replicate) for pl in p.placements):
+                    _update(whole, p.to_local())
+                else:
+                    mesh = p.device_mesh
+                    layout.update(repr((tuple(p.shape), [str(pl) for pl in p.placements],
+                                        mesh.mesh.tolist())).encode())
+                    shards["params"] += 1
+                    shards["local_numel"] += p.to_local().numel()
+                    shards["global_numel"] += p.numel()
+                    shards["mesh_size"], shards["coordinate"] = mesh.size(), mesh.get_coordinate()
+    return whole.hexdigest(), (shards | {"layout": layout.hexdigest()}) if shards["params"] else None
 
 
 def install(rec: Recorder) -> None:

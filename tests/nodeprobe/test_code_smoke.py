@@ -36,6 +36,8 @@ CASES = {  # entry point -> (args, user_env)
     "collectives_only.py": ([], {}),
     "local_rank_as_rank.py": ([], {}),
     "missing_package.py": ([], {}),
+    "fsdp_train.py": (["--steps", "4"], {}),  # tests/byo/fixtures/fsdp_code: a user's FSDP2 script
+    "fsdp_root_unsharded.py": ([], {}),
     "-m pkg.train": (["--steps", "3"], {"SMOKE_FIXTURE_VAR": "set", "OUT_DIR": "out-pkg"}),
     # nanochat's shape (chatlike/): the group on CUDA only, an optimizer that all-reduces by itself
     "-m scripts.base_train": (["--device-type=cpu"], {}),
@@ -44,12 +46,13 @@ CHATLIKE = FIXTURES / "chatlike"
 # the smoke run's limit in the cold compile test: below the seconds compiled_ddp.py's ranks spend compiling
 # cold (40 to 115 s on this 2-core machine under load), above what the rest takes (startup, steps: 5 to 13 s)
 COMPILE_LIMIT_S = 20
+FSDP_CODE = Path(__file__).resolve().parents[1] / "byo" / "fixtures" / "fsdp_code"
 
 
 def spec_for(entry: str, scratch: Path, **extra) -> dict:
     """The smoke run's spec, for a lab of 2 nodes (its ranks stand in for the first rank of each)."""
     args, env = CASES.get(entry, ([], {}))
-    src = CHATLIKE if entry == "-m scripts.base_train" else FIXTURES
+    src = {"-m scripts.base_train": CHATLIKE, "fsdp_train.py": FSDP_CODE}.get(entry, FIXTURES)
     return {"python": sys.executable, "src": str(src), "scratch": str(scratch), "entrypoint": entry,
             "args": args, "user_env": env, "seconds": 150, "steps": 2, "nodes": 2, **extra}
 
@@ -349,3 +352,32 @@ def test_everything_listens_on_loopback_and_ends_on_timeout(tmp_path):
     assert not [p for p in seen["pids"] if os.path.exists(f"/proc/{p}")]  # every process ended
     # killed ranks may have left half-built libraries: their compile folders go, the lab's folder stays
     assert list((tmp_path / "compile-cache").iterdir()) == []
+
+
+def test_a_users_fsdp2_script_passes_with_its_shards_checked(results):
+    """Each rank holds other values of the sharded blocks (the old check, one sha256 of all parameters,
+    refused this as 'parameters differ'); the shards share one layout and hold every value once."""
+    r = results["fsdp_train.py"]
+    assert r["verdict"] == "pass", r
+    shards = [rank["shards"] for rank in r["ranks"]]
+    assert all(s["mesh_size"] == 2 and s["params"] > 0 for s in shards)
+    assert [s["coordinate"] for s in shards] == [[0], [1]]
+    assert sum(s["local_numel"] for s in shards) == shards[0]["global_numel"]
+    assert 0 < shards[0]["local_numel"] < shards[0]["global_numel"]
+    for rank in r["ranks"]:  # FSDP2's own collectives, counted by kind
+        assert rank["calls"]["all_gather_single"] > 0 and rank["calls"]["reduce_scatter_single"] > 0
+        assert rank["ddp"] == 0 and rank["ops_before_first_step"] > 0
+    out = verdict(r, "fsdp_train.py", FSDP_CODE)
+    assert out.returncode == 0, out
+    assert "it trains as one sharded (FSDP2) run: 2 optimizer steps on each rank, " in out.stdout
+    assert f"values held once (rank 0 {shards[0]['local_numel']:,}, rank 1 {shards[1]['local_numel']:,})" \
+        in out.stdout
+    assert re.search(r"\d+ all_gather_single, .*\d+ reduce_scatter_single\)", out.stdout), out.stdout
+
+
+def test_fsdp2_without_the_root_sharded_is_refused(results):
+    r = results["fsdp_root_unsharded.py"]
+    p = problem(r)
+    assert p["kind"] == "disagree", r
+    assert "the ranks' unsharded parameters differ after optimizer step 1 (AdamW)" in p["what"]
+    assert "apply fully_shard to the root module too" in p["fix"]
