@@ -94,6 +94,7 @@ class TrainConfig:
     # --- sharded training (trainer/shard.py) ---------------------------------------------------------------
     shard: bool = False
     reshard_after_forward: bool = True
+    shard_return_memory: bool = True
     # filled in by __post_init__ when left at 0 (derived from depth)
     _derived: list = field(default_factory=list, repr=False)
 
@@ -205,9 +206,10 @@ class TrainConfig:
                  f"one all-reduced gradient, local SGD has none; use one of the two")
         if self.elastic:
             self._check_elastic(need)
-        need(self.shard or self.reshard_after_forward,
-             "--no-reshard-after-forward sets how --shard keeps its gathered parameters; add --shard or drop "
-             "--no-reshard-after-forward")
+        for flag, on in (("--no-reshard-after-forward", self.reshard_after_forward),
+                         ("--no-shard-return-memory", self.shard_return_memory)):
+            need(self.shard or on, f"{flag} sets how --shard keeps its gathered parameters; add --shard or "
+                 f"drop {flag}")
         need(self.pg_timeout_s >= 5, f"--pg-timeout-s must be at least 5 seconds, got {self.pg_timeout_s}")
         # "" = generated on rank 0; else a run id as the launcher's (trainer/launch_contract.py)
         need(re.fullmatch(r"[A-Za-z0-9._-]*", self.run_id) is not None,
@@ -356,4 +358,7 @@ FIELD_HELP = {
     "reshard_after_forward": "--shard: free a block's gathered parameters after its forward and gather them "
                              "again for backward (--no-reshard-after-forward: keep them, one all-gather "
                              "less per step, more memory)",
+    "shard_return_memory": "--shard: give the gathered parameters and full gradients back to the system "
+                           "each time they are freed (a lower peak RSS; --no-shard-return-memory: glibc "
+                           "keeps them for reuse, faster, a peak RSS near DDP's: docs/shard.md)",
 }

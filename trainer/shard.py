@@ -151,7 +151,7 @@ def rank_facts(model: torch.nn.Module, records: list[dict], timing_skip: int) ->
 
 def run_facts(cfg, per_rank: list[dict]) -> dict:
     """The run summary's "shard": the layout and every rank's part (rank order)."""
-    return {"reshard_after_forward": cfg.reshard_after_forward,
+    return {"reshard_after_forward": cfg.reshard_after_forward, "return_memory": cfg.shard_return_memory,
             "params_local": [r["params_local"] for r in per_rank],
             "allgather_bytes_per_step": per_rank[0]["allgather_bytes_p50"],
             "reduce_scatter_bytes_per_step": per_rank[0]["reduce_scatter_bytes_p50"],

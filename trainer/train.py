@@ -182,7 +182,8 @@ def build(cfg: TrainConfig, start: Start) -> Parts:
     assert n_params == param_count(gcfg), "param_count() is out of date with the model"
     shard_timer = shard.ShardTimer() if cfg.shard else None
     if cfg.shard:  # before the optimizer: it holds the shards (DTensors), not the full parameters
-        shard.return_freed_memory()
+        if cfg.shard_return_memory:
+            shard.return_freed_memory()
         shard.shard_model(raw, cfg.reshard_after_forward, shard_timer)
     opt = make_adamw([p for p in raw.parameters() if p.dim() >= 2], cfg.lr, cfg.weight_decay)
     shares = ShareController(cfg.batch_size * cfg.grad_accum * di.world_size, di.world_size,

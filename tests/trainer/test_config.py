@@ -164,3 +164,5 @@ def test_shard_refuses_what_it_cannot_combine_with_in_one_line_naming_the_flags(
     assert line.endswith("or --shard")
     assert check_args(["--data", "d", "--out", "o", "--shard"]) is None
     assert "add --shard" in check_args(["--data", "d", "--out", "o", "--no-reshard-after-forward"])
+    assert "add --shard" in check_args(["--data", "d", "--out", "o", "--no-shard-return-memory"])
+    assert check_args(["--data", "d", "--out", "o", "--shard", "--no-shard-return-memory"]) is None

@@ -48,6 +48,8 @@ def test_each_rank_holds_half_and_the_collectives_are_counted(sharded):
     assert sum(s["shard"]["params_local"]) == s["params"] == param_count(GPTConfig(seq_len=32, n_layer=1,
                                                                                    n_embd=64, n_head=1))
     assert all(n < s["params"] * 0.6 for n in s["shard"]["params_local"])
+    # the defaults (docs/shard.md): reshard after forward, freed buffers back to the system
+    assert s["shard"]["reshard_after_forward"] is True and s["shard"]["return_memory"] is True
     # 2 all-gathers of each block (forward, backward) + 1 of the root; 1 reduce-scatter of everything; fp32
     block, root = 12 * 64 * 64 * 4, 2 * 257 * 64 * 4
     assert 2 * block + root <= s["shard"]["allgather_bytes_per_step"] < 2 * block + root + 4096
