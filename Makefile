@@ -90,7 +90,7 @@ bench-lowcomm: setup  ## Low-communication modes vs per-step DDP at equal tokens
 bench-distribution: setup  ## Star vs relay: DIST_SIZE_MB to 2, 4, 8 simulated hosts, uplink 100 Mbit/s or 1 Gbit/s (root)
 	$(BIN)/python bench/distribution.py --size-mb $(DIST_SIZE_MB) --rounds $(DIST_ROUNDS)
 
-bench-shard: setup  ## DDP vs --shard on 2 simulated hosts capped at 1100 MiB each: the largest model each trains, tokens/s where both do (root; SHARD_ARGS="--hosts 2 4")
+bench-shard: setup  ## DDP vs --shard on simulated hosts capped at 1100 MiB each: the largest model each trains, tokens/s where both do (root; SHARD_ARGS="--hosts 4 --depth 8", "--hosts --speed-hosts 2")
 	$(BIN)/python bench/shard.py $(SHARD_ARGS)
 
 bench-preflight: setup  ## Preflight wall time, healthy and per fault, on simulated hosts (root)
