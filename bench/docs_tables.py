@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from lowcomm import MODES as STUDY_MODES  # noqa: E402  (the long study's settings)
 from run_labels import LOCAL, comm_flags  # noqa: E402  (the low-communication mode's run labels)
+from shard import capacity_summary, speed_rows  # noqa: E402  (make bench-shard's own lines)
 
 from trainer.config import TrainConfig  # noqa: E402  (DiLoCo's outer step: the trainer's defaults)
 
@@ -267,6 +268,12 @@ def scaling_1gbit(lab: dict, long: dict, overlap: dict) -> list[str]:
     return out
 
 
+def shard(results: dict) -> list[str]:
+    """make bench-shard: the largest model of each layout per lab, then the speed study where both fit."""
+    return [*capacity_summary(results["labs"]), *(["", *speed_rows(results["speed"])] if results.get("speed")
+                                                  else [])]
+
+
 def report(name: str) -> Path:
     return RESULTS / name / "report.json"
 
@@ -282,6 +289,7 @@ TABLES = {"distribution": ((report("distribution"),), distribution),
                            report("scaling_lab_small_1gbit")), lowcomm_speed("small")),
           "lowcomm_stdlib": ((report("lowcomm-stdlib"),), lowcomm),
           "relaunch": ((report("relaunch"),), relaunch),
+          "shard": ((RESULTS / "shard" / "results.json",), shard),
           "scaling_1gbit": ((report("scaling_lab"), report("scaling_lab_long"),
                              report("scaling_lab_overlap")), scaling_1gbit),
           "sync_overlap": ((report("scaling_lab_overlap"), report("scaling_lab_overlap_screen")),

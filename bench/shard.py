@@ -161,7 +161,8 @@ def bench_speed(hosts: int, args, root: Path) -> dict:
             "rounds": args.rounds, "steps": args.steps, "settings": out, "load": loads}
 
 
-def table(labs: list[dict], speed: dict | None) -> str:
+def capacity_rows(labs: list[dict]) -> list[str]:
+    """Every run of the capacity grid: the estimates and what happened."""
     lines = ["| hosts | depth | width | params | DDP est. MiB | DDP | sharded est. MiB | sharded |",
              "|---|---|---|---|---|---|---|---|"]
 
@@ -177,38 +178,56 @@ def table(labs: list[dict], speed: dict | None) -> str:
             lines.append(f"| {lab['hosts']} | {lab.get('depth', 4)} | {r['width']} | "
                          f"{r['params'] / 1e6:.1f}M | {r['ddp_estimate_mib']} | {cell(r.get('ddp'))} | "
                          f"{r['shard_estimate_mib']} | {cell(r.get('shard'))} |")
-    lines.append("")
+    return lines
+
+
+def capacity_summary(labs: list[dict]) -> list[str]:
+    """One line a lab: the largest model of each layout, their ratio, and the step times where both fit."""
+    lines = []
     best_ddp = max(lab["largest_params"]["ddp"] for lab in labs)
     for lab in labs:
         big = lab["largest_params"]
         ratio = f"{lab['largest_ratio']:.2f}x" if lab["largest_ratio"] else "-"
         st = f"{lab['step_time_ratio']:.2f}x" if lab["step_time_ratio"] else "-"
-        med = {m: f"{v:,.0f}" if v else "-" for m, v in lab["tokens_per_sec_median"].items()}
+        runs = lab["tokens_per_sec"]
+        med = {m: f"{statistics.median(v):,.0f} ({min(v):,.0f}-{max(v):,.0f})" if v else "-"
+               for m, v in runs.items()}
         lines.append(f"- {lab['hosts']} hosts capped at {lab['cap_mib']} MiB, depth {lab.get('depth', 4)}: "
                      f"largest model DDP {big['ddp'] / 1e6:.1f}M, sharded {big['shard'] / 1e6:.1f}M "
-                     f"({ratio}; "
-                     f"{big['shard'] / best_ddp:.2f}x the largest DDP model of any depth here, "
-                     f"{best_ddp / 1e6:.1f}M); at width {lab['speed_width']} sharded step time {st} DDP's "
-                     f"(median tokens/s DDP {med['ddp']}, sharded {med['shard']})"
+                     f"({ratio}; {big['shard'] / best_ddp:.2f}x the largest DDP model of any depth here, "
+                     f"{best_ddp / 1e6:.1f}M); at width {lab['speed_width']}, batch {BATCH} x sequence "
+                     f"{SEQ}, sharded step time {st} DDP's (median tokens/s of {len(runs['ddp'])} "
+                     f"interleaved rounds, min-max: DDP {med['ddp']}, sharded {med['shard']})"
                      + (f"; load average {lab['load'][0]} -> {lab['load'][-1]}" if lab.get("load") else ""))
+    return lines
+
+
+def speed_rows(speed: dict) -> list[str]:
+    """The speed study: every variant at every batch x sequence, median (min-max) of its rounds."""
+    lines = [f"Where both fit: {speed['hosts']} hosts capped at {speed['cap_mib']} MiB, depth "
+             f"{speed['depth']}, width {speed['width']} ({speed['params'] / 1e6:.1f}M parameters), "
+             f"{speed['rounds']} interleaved rounds of {speed['steps']} steps (the first untimed), load "
+             f"average {speed['load'][0]} -> {speed['load'][-1]}; median (min-max); tokens/s of both ranks, "
+             "collectives: rank 0's per step.",
+             "", "| batch x seq | layout | tokens/s | step ms | vs DDP | collectives ms | exposed ms | "
+             "MB a step | peak RSS MiB |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def mm(s):
+        return "-" if s["median"] is None else f"{s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})"
+
+    for key, per in speed["settings"].items():
+        for v, r in per.items():
+            vs = f"{r['step_time_vs_ddp']:.2f}x" if r["step_time_vs_ddp"] else "-"
+            mb = f"{r['comm_bytes'] / 1e6:,.0f}" if r["comm_bytes"] else "-"
+            lines.append(f"| {key} | {v} | {mm(r['tokens_per_sec'])} | {mm(r['step_ms'])} | {vs} | "
+                         f"{mm(r['comm_ms'])} | {mm(r['exposed_ms'])} | {mb} | {r['peak_rss_mib']} |")
+    return lines
+
+
+def table(labs: list[dict], speed: dict | None) -> str:
+    lines = [*capacity_rows(labs), "", *capacity_summary(labs)]
     if speed:
-        lines += ["", f"Speed where both fit: {speed['hosts']} hosts capped at {speed['cap_mib']} MiB, depth "
-                  f"{speed['depth']}, width {speed['width']} ({speed['params'] / 1e6:.1f}M parameters), "
-                  f"{speed['rounds']} interleaved rounds of {speed['steps']} steps (the first untimed), "
-                  f"load average {speed['load'][0]} -> {speed['load'][-1]}; median (min-max).", "",
-                  "| batch x seq | layout | tokens/s | step ms | vs DDP | collectives ms | exposed ms | "
-                  "MB a step | peak RSS MiB |", "|---|---|---|---|---|---|---|---|---|"]
-
-        def mm(s, fmt="{:,.0f}"):
-            return "-" if s["median"] is None else \
-                f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
-
-        for key, per in speed["settings"].items():
-            for v, r in per.items():
-                vs = f"{r['step_time_vs_ddp']:.2f}x" if r["step_time_vs_ddp"] else "-"
-                mb = f"{r['comm_bytes'] / 1e6:,.0f}" if r["comm_bytes"] else "-"
-                lines.append(f"| {key} | {v} | {mm(r['tokens_per_sec'])} | {mm(r['step_ms'])} | {vs} | "
-                             f"{mm(r['comm_ms'])} | {mm(r['exposed_ms'])} | {mb} | {r['peak_rss_mib']} |")
+        lines += ["", *speed_rows(speed)]
     return "\n".join(lines) + "\n"
 
 

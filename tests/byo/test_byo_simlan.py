@@ -1,6 +1,6 @@
 """Bring your own training code (issue 7) on 2 simulated hosts: the field notes' dist_train.py launched
 unchanged through launch.yml, code parity in preflight, the torch pin against a user's requirements,
-and several ranks per node.
+a user's FSDP2 script trained sharded (issue 49), and several ranks per node.
 
 The seed's launch runs the smoke run of the code on the master first (2 CPU ranks over loopback gloo).
 One cluster serves the module: the `seed_run` fixture syncs the seed and trains it once, and the tests
@@ -127,40 +127,6 @@ def test_seed_trains_across_two_hosts_unchanged(simlan2, lab, seed_run, seed_rep
     assert {verdict["hosts"][h]["data"]["status"] for h in HOSTS} == {"n/a"}
 
 
-def test_a_users_fsdp2_script_trains_sharded_across_two_hosts(simlan2, lab, seed_run, tmp_path):
-    """A user's FSDP2 script (fixtures/fsdp_code, fully_shard per block and the root) launched on the
-    prepared hosts: each rank holds half of the model; the lines it prints give the report and status.
-    Its smoke run (the shards checked, its all-gathers and reduce-scatters counted) is
-    tests/nodeprobe/test_code_smoke.py's, on the same script."""
-    _seeded(seed_run)
-    code = tmp_path / "fsdp"
-    shutil.copytree(FIXTURES / "fsdp_code", code)
-    extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-fsdp", "ddplab_code_dir": code,
-             "ddplab_entrypoint": "fsdp_train.py", "ddplab_smoke_run": "false"}
-    more = {"ddplab_entrypoint_args": ["--steps", "12"]}
-    proc = playbook("launch.yml", "-e", json.dumps(more), inventory=simlan2.inventory_dir, timeout=600,
-                    extra=extra)
-    assert proc.returncode == 0, tail(proc)
-    run = lab["ddplab_runs_dir"] / "byo-fsdp"
-    held = [re.search(rf"rank {r}: holds ([\d,]+) of ([\d,]+) parameter values",
-                      (run / h / "launch.log").read_text()) for h, r in zip(HOSTS, (0, 1), strict=True)]
-    assert all(held), tail(proc)
-    local, total = [[int(m.group(i).replace(",", "")) for m in held] for i in (1, 2)]
-    assert sum(local) == total[0] == total[1] and 0 < local[0] < total[0]  # each rank half of the model
-    iters = re.findall(r"^iter (\d+): loss (\S+),", (run / "node0" / "launch.log").read_text(), re.M)
-    assert [int(i) for i, _ in iters] == list(range(12)) and float(iters[-1][1]) < float(iters[0][1])
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["all_exited_zero"] is True and summary["metrics_from"] == "launch.log (nanogpt lines)"
-    assert summary["steps"] == 11 and summary["loss_last"] == float(iters[-1][1])
-    assert summary["tokens_per_sec"] > 0  # 2 ranks x 8 x 32 tokens an iteration, over its median time
-    report = (run / "report.md").read_text()
-    assert f"- loss_last: {summary['loss_last']:.4g}" in report and "- tokens_per_sec: " in report, report
-    status = playbook("status.yml", inventory=simlan2.inventory_dir, timeout=300,
-                      extra={**lab, "ddplab_run_id": "byo-fsdp"})
-    assert status.returncode == 0, tail(status)
-    assert re.search(r"step 11\b.* loss ", status.stdout), tail(status)
-
-
 def test_code_changed_on_one_node_after_sync_fails_preflight(simlan2, lab, seed_run, seed_repo):
     """The changed copy is the master's: preflight compares with what the control host would sync, so it
     names node0 (comparing the nodes with each other would blame node1)."""
@@ -198,6 +164,39 @@ def test_requirements_asking_for_another_torch_are_refused(simlan2, lab, seed_ru
         assert node_python(simlan2, host) == python
         assert torch_version(simlan2, host, python) == version == "2.13.0"
         assert simlan2.exec(host, ["test", "-e", "/root/ddplab/venv-code"], timeout=30).returncode != 0
+
+
+def test_a_users_fsdp2_script_trains_sharded_across_two_hosts(simlan2, lab, seed_run, tmp_path):
+    """A user's FSDP2 script (fixtures/fsdp_code, fully_shard per block and the root) launched on the
+    prepared hosts: each rank holds half of the model; the lines it prints give the report and the
+    progress (status's reader).
+    Its smoke run (the shards checked, its all-gathers and reduce-scatters counted) is
+    tests/nodeprobe/test_code_smoke.py's, on the same script."""
+    _seeded(seed_run)
+    code = tmp_path / "fsdp"
+    shutil.copytree(FIXTURES / "fsdp_code", code)
+    extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-fsdp", "ddplab_code_dir": code,
+             "ddplab_entrypoint": "fsdp_train.py", "ddplab_smoke_run": "false"}
+    more = {"ddplab_entrypoint_args": ["--steps", "12"]}
+    proc = playbook("launch.yml", "-e", json.dumps(more), inventory=simlan2.inventory_dir, timeout=600,
+                    extra=extra)
+    assert proc.returncode == 0, tail(proc)
+    run = lab["ddplab_runs_dir"] / "byo-fsdp"
+    held = [re.search(rf"rank {r}: holds ([\d,]+) of ([\d,]+) parameter values",
+                      (run / h / "launch.log").read_text()) for h, r in zip(HOSTS, (0, 1), strict=True)]
+    assert all(held), tail(proc)
+    local, total = [[int(m.group(i).replace(",", "")) for m in held] for i in (1, 2)]
+    assert sum(local) == total[0] == total[1] and 0 < local[0] < total[0]  # each rank half of the model
+    iters = re.findall(r"^iter (\d+): loss (\S+),", (run / "node0" / "launch.log").read_text(), re.M)
+    assert [int(i) for i, _ in iters] == list(range(12)) and float(iters[-1][1]) < float(iters[0][1])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["all_exited_zero"] is True and summary["metrics_from"] == "launch.log (nanogpt lines)"
+    assert summary["steps"] == 11 and summary["loss_last"] == float(iters[-1][1])
+    assert summary["tokens_per_sec"] > 0  # 2 ranks x 8 x 32 tokens an iteration, over its median time
+    report = (run / "report.md").read_text()
+    assert f"- loss_last: {summary['loss_last']:.4g}" in report and "- tokens_per_sec: " in report, report
+    # the wait's progress, status's reader of the same lines
+    assert re.search(r"step 11\b.* loss ", proc.stdout), tail(proc)
 
 
 def fill_requirements(code: Path, wheelhouse: Path) -> subprocess.CompletedProcess:
