@@ -6,7 +6,8 @@ control venv, the tokenizer, the gloo patch); hosts pinned one core each (--cpus
 tune runs `all` through launch.yml (the smoke run on the master first: with compilation on it warms the
 compile cache that launch ships to node1), then 1x1 and 1x2 on the master (they reuse the smoke run's
 caches). Run as root: `python bench/nanochat_compile.py [--seconds 90] [--rounds 1]`. Writes
-eager/ and compiled/ (each tune's own files) and tune.md, tune.json, tune.png (both modes in one table).
+eager/ and compiled/ (each tune's own files), report.json (both modes, each layout's first-step dt, the
+load average before and after) and tune.png; docs/your-code.md's table comes from report.json.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from nodeprobe import log_metrics  # noqa: E402
 from simlan import cluster as simlan  # noqa: E402
 from tests.byo import test_nanochat_simlan as nc  # noqa: E402
 from tests.byo.fixtures.nanochat.make_data import write_base_data  # noqa: E402
@@ -67,12 +69,65 @@ def code_yml(inventory: Path, code: Path, compiled: bool, wheelhouse: Path) -> N
         text + f"ddplab_wheelhouse_dir: {wheelhouse}\nddplab_threads: 1\nddplab_smoke_seconds: 240\n")
 
 
+def first_step_ms(out: Path, rid: str, layout: str) -> float | None:
+    """nanochat's dt of its first step (step 0) in a layout's log: the compile when it is cold."""
+    log = out / "runs" / rid / "node0" / "launch.log" if layout == "all" else out / f"{rid}.log"
+    if not log.exists():
+        return None
+    records = log_metrics.read_log(str(log), "", whole=True)["records"]
+    return records[0].get("dt_ms") if records else None
+
+
+def report(loads: dict) -> dict:
+    """Both modes' tune rows, each layout's first-step dt, the load: report.json and tune.png."""
+    modes = {}
+    for mode in ("eager", "compiled"):
+        tune = json.loads((OUT / mode / "tune.json").read_text())
+        for row in tune["rows"]:
+            rid = f"{mode}-{row['layout']}-r1"
+            row["first_step_ms"] = first_step_ms(OUT / mode, rid, row["layout"])
+        modes[mode] = {"rows": tune["rows"], "seconds": tune["seconds"], "rounds": tune["rounds"],
+                       "what": tune["what"], "load": loads.get(mode)}
+    rep = {"hosts": "2 simlan hosts, --cpus auto (one core each)", "modes": modes}
+    (OUT / "report.json").write_text(json.dumps(rep, indent=1) + "\n")
+    plot(rep, OUT / "tune.png")
+    return rep
+
+
+def plot(rep: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layouts = [r["layout"] for r in rep["modes"]["eager"]["rows"]]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    width = 0.38
+    for k, mode in enumerate(("eager", "compiled")):
+        rows = {r["layout"]: r for r in rep["modes"][mode]["rows"]}
+        xs = [i + (k - 0.5) * width for i in range(len(layouts))]
+        med = [rows[name]["tokens_per_sec"] or 0 for name in layouts]
+        lo = [m - (rows[name]["tokens_per_sec_min"] or m) for name, m in zip(layouts, med, strict=True)]
+        hi = [(rows[name]["tokens_per_sec_max"] or m) - m for name, m in zip(layouts, med, strict=True)]
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=mode)
+    ax.set_xticks(range(len(layouts)), layouts)
+    ax.set_ylabel("tokens/s (median, min-max)")
+    ax.set_title("nanochat d4 on 2 simulated hosts: eager vs torch.compile")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=int, default=90)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--work", default="/tmp/nanochat-compile-bench")
+    ap.add_argument("--report-only", action="store_true", help="only remake report.json and tune.png")
     args = ap.parse_args()
+    if args.report_only:
+        report(json.loads((OUT / "loads.json").read_text()))
+        return 0
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     cluster = simlan.up(2, cpus="auto", force=True)
@@ -91,6 +146,7 @@ def main() -> int:
         loads[mode].append(os.getloadavg()[0])
     (OUT / "loads.json").write_text(json.dumps(loads) + "\n")
     simlan.down()
+    report(loads)
     return 0
 
 

@@ -45,6 +45,8 @@ def summary(result: dict) -> str:
     ranks = result.get("ranks") or []
     ops = [r.get("ops_before_first_step") or 0 for r in ranks]
     steps = min((r.get("steps") or 0 for r in ranks), default=0)
+    compiled = (f"; {result['compile_s']:g} s of torch.compile, not counted against ddplab_smoke_seconds"
+                if result.get("compile_s") else "")
     shards = [r.get("shards") for r in ranks]
     if ranks and all(shards):
         held = ", ".join(f"rank {r['rank']} {s['local_numel']:,}" for r, s in zip(ranks, shards, strict=True))
@@ -54,9 +56,9 @@ def summary(result: dict) -> str:
                 f"{shards[0]['params']} parameters sharded over a device mesh of {shards[0]['mesh_size']}, "
                 f"their {shards[0]['global_numel']:,} values held once ({held}), the other parameters equal "
                 f"across the ranks, {min(ops, default=0)}+ collectives before the first step (rank 0 in "
-                f"all: {kinds or 'none by name'})")
+                f"all: {kinds or 'none by name'}){compiled}")
     return (f"it trains as one DDP run: {steps} optimizer steps on each rank, parameters equal across the "
-            f"ranks, {min(ops, default=0)}+ collectives before the first step")
+            f"ranks, {min(ops, default=0)}+ collectives before the first step{compiled}")
 
 
 def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tuple[int, list[str]]:
