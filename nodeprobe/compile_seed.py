@@ -74,8 +74,25 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def whole_library(path: Path) -> bool:
+    """A shared library's section headers lie inside the file: not one a killed compile left half-written
+    (torch builds them in place; loading one fails with "file too short")."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF (what inductor builds here)
+        return False
+    order = "little" if head[5] == 1 else "big"
+    shoff, shentsize, shnum = (int.from_bytes(head[a:b], order) for a, b in ((40, 48), (58, 60), (60, 62)))
+    return 0 < shoff + shentsize * shnum <= size
+
+
 def seed_files(cache: Path) -> dict[str, Path]:
-    """The relative name of each plain file of the smoke ranks' folders (the first rank's copy of a name)."""
+    """The relative name of each plain file of the smoke ranks' folders (the first rank's copy of a name);
+    a shared library that is not whole is left out."""
     files: dict[str, Path] = {}
     for folder in sorted(cache.glob(SOURCES)):
         if folder.is_symlink() or not folder.is_dir():
@@ -83,6 +100,8 @@ def seed_files(cache: Path) -> dict[str, Path]:
         for path in sorted(folder.rglob("*")):
             rel = path.relative_to(folder).as_posix()
             if rel.split("/")[0] in SKIP or path.is_symlink() or not path.is_file() or not NAME.match(rel):
+                continue
+            if path.suffix == ".so" and not whole_library(path):
                 continue
             files.setdefault(rel, path)
     return files

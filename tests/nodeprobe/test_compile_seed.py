@@ -5,24 +5,28 @@ holds a link or a name leaving the folder (a rogue producer cannot write outside
 
 from __future__ import annotations
 
+import _ctypes
 import io
 import json
 import stat
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 
 from nodeprobe import compile_seed
 from nodeprobe.compile_seed import SeedRefused
 
+KERNEL = Path(_ctypes.__file__).read_bytes()  # a real, whole shared library
+
 
 def smoke_ranks(cache):
     for rank, extra in ((0, "a"), (1, "b")):
         folder = cache / f"smoke-rank{rank}"
         (folder / "ab").mkdir(parents=True)
-        (folder / "ab" / "cab.main.so").write_bytes(b"kernel")
+        (folder / "ab" / "cab.main.so").write_bytes(KERNEL)
         (folder / "fxgraph" / "x6").mkdir(parents=True)
         (folder / "fxgraph" / "x6" / f"entry-{extra}").write_bytes(extra.encode())
         (folder / "tmp" / "torchinductor_root").mkdir(parents=True)
@@ -55,7 +59,7 @@ def test_unpack_fills_each_local_ranks_folder_and_keeps_what_a_rank_compiled(tmp
     (cache / "local1" / "ab" / "cab.main.so").write_bytes(b"its own")
     out = compile_seed.unpack({"compile_cache": str(cache), "sha256": packed["sha256"], "ranks": 2})
     assert (out["placed"], out["kept"]) == (5, 1)
-    assert (cache / "local0" / "ab" / "cab.main.so").read_bytes() == b"kernel"
+    assert (cache / "local0" / "ab" / "cab.main.so").read_bytes() == KERNEL
     assert (cache / "local1" / "ab" / "cab.main.so").read_bytes() == b"its own"
     assert stat.S_IMODE((cache / "local0" / "fxgraph").stat().st_mode) == 0o700
     assert stat.S_IMODE((cache / "local0" / "fxgraph" / "x6" / "entry-a").stat().st_mode) == 0o600
@@ -107,3 +111,16 @@ def test_the_verb_prints_one_line_and_exits_1_on_a_refused_seed(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "not the master's" in json.loads(proc.stdout)["error"]
+
+
+def test_a_half_written_library_is_left_out_of_the_seed(tmp_path):
+    """A compile killed mid-way (a smoke run or a tune layout at its time limit) leaves a truncated .so in the
+    folder; shipped, every node's rank would fail on it ("file too short"). A whole one travels."""
+    cache = tmp_path / "compile-cache"
+    folder = cache / "smoke-rank0" / "ab"
+    folder.mkdir(parents=True)
+    (folder / "cwhole.main.so").write_bytes(KERNEL)
+    (folder / "chalf.main.so").write_bytes(KERNEL[: len(KERNEL) // 2])
+    compile_seed.pack({"compile_cache": str(cache)})
+    with tarfile.open(cache / "seed.tar") as tar:
+        assert tar.getnames() == ["ab/cwhole.main.so"]
