@@ -274,6 +274,33 @@ def shard(results: dict) -> list[str]:
                                                   else [])]
 
 
+def tune_nanochat(rep: dict) -> list[str]:
+    """bench/nanochat_compile.py: `ddplab tune` on nanochat d4, the docs' eager line against torch.compile."""
+    eager, compiled = ({r["layout"]: r for r in rep["modes"][m]["rows"]} for m in ("eager", "compiled"))
+
+    def tps(r: dict) -> str:
+        if not r.get("tokens_per_sec"):
+            return f"- ({r.get('note') or 'no steps'})"
+        return f"{r['tokens_per_sec']:,.0f} [{r['tokens_per_sec_min']:,.0f}-{r['tokens_per_sec_max']:,.0f}]"
+
+    def first(r: dict) -> str:
+        return f"{r['first_step_ms'] / 1000:.1f}" if r.get("first_step_ms") else "-"
+
+    def share(r: dict) -> str:
+        known = r.get("allreduce_share") is not None
+        return f"{r['allreduce_share'] * 100:.0f} %" if known else "not printed"
+
+    rows = ["| layout | eager tokens/s [min-max] | compiled tokens/s [min-max] | compiled / eager "
+            "| first step, eager / compiled (s) | all-reduce share |", "|---|---|---|---|---|---|"]
+    for name, e in eager.items():
+        c = compiled.get(name, {})
+        ratio = (f"{c['tokens_per_sec'] / e['tokens_per_sec']:.2f}x"
+                 if c.get("tokens_per_sec") and e.get("tokens_per_sec") else "-")
+        rows.append(f"| {name} ({e['nodes']} x {e['procs_per_node']}) | {tps(e)} | {tps(c)} | {ratio} "
+                    f"| {first(e)} / {first(c)} | {share(e)} |")
+    return rows
+
+
 def report(name: str) -> Path:
     return RESULTS / name / "report.json"
 
@@ -293,7 +320,8 @@ TABLES = {"distribution": ((report("distribution"),), distribution),
           "scaling_1gbit": ((report("scaling_lab"), report("scaling_lab_long"),
                              report("scaling_lab_overlap")), scaling_1gbit),
           "sync_overlap": ((report("scaling_lab_overlap"), report("scaling_lab_overlap_screen")),
-                           sync_overlap)}
+                           sync_overlap),
+          "tune_nanochat": ((report("tune_nanochat_simlan"),), tune_nanochat)}
 
 
 def render(name: str) -> str:

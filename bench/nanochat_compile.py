@@ -123,6 +123,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=90)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--work", default="/tmp/nanochat-compile-bench")
+    ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"],
+                    help="the modes to (re)measure; the other's results are kept")
     ap.add_argument("--report-only", action="store_true", help="only remake report.json and tune.png")
     args = ap.parse_args()
     if args.report_only:
@@ -135,8 +137,8 @@ def main() -> int:
     code, inventory, wheelhouse = checkout(work, cluster)
     print(f"checkout prepared in {time.time() - started:.0f} s", flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    loads = {}
-    for mode in ("eager", "compiled"):
+    loads = json.loads((OUT / "loads.json").read_text()) if (OUT / "loads.json").exists() else {}
+    for mode in args.modes:
         code_yml(inventory, code, mode == "compiled", wheelhouse)
         shutil.rmtree(OUT / mode, ignore_errors=True)
         loads[mode] = [os.getloadavg()[0]]

@@ -252,6 +252,38 @@ def test_the_hops_own_options_reach_the_staging_folder_only(victim, lab):
     assert cluster.exec("node2", ["find", f"{ROOT}/.relay/incoming", "-mindepth", "1"]).stdout == ""
 
 
+# a compile cache of node1's own (a library in seed.tar), handed to node2 with the hop's own rsync options
+PLANTED_SEED = ("mkdir -p /tmp/s/compile-cache /tmp/k/ab && echo evil > /tmp/k/ab/planted.so && "
+                "tar -C /tmp/k -cf /tmp/s/compile-cache/seed.tar ab && "
+                "rsync --recursive --times --ignore-times --partial --no-inc-recursive "
+                "-e \"$RSH\" /tmp/s/ $PEER:")
+
+
+def test_a_rogue_node_cannot_plant_a_compile_cache_for_a_peers_ranks(victim, lab):
+    """node1 hands node2 a torch.compile cache of its own (a seed.tar holding a library) with its relay key,
+    as a hop would: it reaches node2's staging folder only. node2's step after the hop, planned with the
+    control host's sha256 of the master's seed, refuses it; node2's unpack (before its ranks start, with that
+    sha256) finds no seed of the master's: no rank folder gets the library, nothing else changes."""
+    cluster, before = victim
+    proc = attack(cluster, "node1", "node2", PLANTED_SEED)
+    assert proc.returncode == 0, proc.stderr
+    genuine = hashlib.sha256(b"the master's seed.tar").hexdigest()
+    spec = {"root": ROOT, "files": [{"dest": "compile-cache/seed.tar", "sha256": genuine}], "keep": []}
+    node = {"name": "node2", "conn": big_spec(lab, Path("/"))["nodes"][2]["conn"]}
+    done = subprocess.run(relay.take_argv(node), input=relay.take_source() + json.dumps(spec),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    taken = json.loads(done.stdout)
+    assert taken["placed"] == [] and [r["dest"] for r in taken["refused"]] == ["compile-cache/seed.tar"]
+    argv = f"cd {REPO} && {sys.executable} -m nodeprobe compile-seed unpack"
+    unpack = cluster.exec("node2", ["sh", "-c", argv], timeout=120, input=json.dumps(
+        {"compile_cache": f"{ROOT}/compile-cache", "sha256": genuine, "ranks": 2}))
+    assert unpack.returncode == 1, unpack.stdout + unpack.stderr
+    assert "seed.tar is missing" in json.loads(unpack.stdout)["error"], unpack.stdout
+    assert cluster.exec("node2", ["find", ROOT, "-name", "planted.so"], check=True).stdout == ""
+    assert snapshot(cluster, "node2") == before
+
+
 def test_a_key_from_outside_the_lab_is_refused_by_sshd(lab):
     cluster = lab["cluster"]
     node2 = cluster.host("node2").addr
