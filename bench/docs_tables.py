@@ -320,8 +320,7 @@ TABLES = {"distribution": ((report("distribution"),), distribution),
           "scaling_1gbit": ((report("scaling_lab"), report("scaling_lab_long"),
                              report("scaling_lab_overlap")), scaling_1gbit),
           "sync_overlap": ((report("scaling_lab_overlap"), report("scaling_lab_overlap_screen")),
-                           sync_overlap),
-          "tune_nanochat": ((report("tune_nanochat_simlan"),), tune_nanochat)}
+                           sync_overlap)}
 
 
 def render(name: str) -> str:

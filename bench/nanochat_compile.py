@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from tests.byo import test_nanochat_simlan as nc  # noqa: E402
 from tests.byo.fixtures.nanochat.make_data import write_base_data  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "tune_nanochat_simlan"
-EAGER_LINE = '  TORCH_COMPILE_OVERRIDE_BACKENDS: ">=0:eager"'
+EAGER_LINE = re.compile(r"^  TORCH_COMPILE_OVERRIDE_BACKENDS: .*\n", re.M)  # the docs' eager line
 
 
 def checkout(root: Path, cluster) -> tuple[Path, Path, Path]:
@@ -63,8 +64,8 @@ def checkout(root: Path, cluster) -> tuple[Path, Path, Path]:
 def code_yml(inventory: Path, code: Path, compiled: bool, wheelhouse: Path) -> None:
     text = nc.readme_yaml().replace(nc.CODE_DIR_LINE, f"ddplab_code_dir: {code}")
     if compiled:
-        assert EAGER_LINE in text, "the docs' eager line moved: update bench/nanochat_compile.py"
-        text = text.replace(EAGER_LINE + "\n", "")
+        text, found = EAGER_LINE.subn("", text)
+        assert found == 1, "the docs' eager line moved: update bench/nanochat_compile.py"
     (inventory / "group_vars" / "all" / "code.yml").write_text(
         text + f"ddplab_wheelhouse_dir: {wheelhouse}\nddplab_threads: 1\nddplab_smoke_seconds: 240\n")
 

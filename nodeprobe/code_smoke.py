@@ -204,7 +204,7 @@ def tail(path: Path, lines: int = 12) -> list[str]:
 def compile_seconds(recs: list[dict], now: float) -> float:
     """The seconds the slowest rank spent compiling so far (the others wait for it at their next collective),
     up to MAX_COMPILE_S."""
-    spent = [rec.get("compile_s", 0.0) + (now - rec["compiling_since"] if rec.get("compiling_since") else 0.0)
+    spent = [rec.get("compile_s", 0.0) + (now - rec["compiling_since"] if "compiling_since" in rec else 0.0)
              for rec in recs]
     return min(max(spent, default=0.0), MAX_COMPILE_S)
 
