@@ -161,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--job-state", default="", metavar="STATE",
                     help="a Slurm run: its job's state (squeue %%T; NONE when Slurm no longer knows it)")
 
+    sub.add_parser("pack-run", add_help=False,
+                   help="pack a run's files and its tmux scrollback into one archive (roles/logs; "
+                        "nodeprobe/pack_run.py, whose own arguments follow)")
+
     vs = sub.add_parser("verify-shards", help="hash the shards a manifest names and compare (roles/dataset)")
     vs.add_argument("--dir", required=True, help="the node's shard folder")
     vs.add_argument("--manifest", default="-",
@@ -185,6 +189,11 @@ def spec_verb(parser, cmd: str, run) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pack-run"]:  # its own parser (nodeprobe/pack_run.py)
+        from nodeprobe import pack_run
+
+        return pack_run.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.cmd.startswith("preflight-"):

@@ -1,6 +1,6 @@
 """Pack one run's files on this node into a tar.gz for collect_logs.yml (one fetch per node, not per file).
 
-    python -m nodeprobe.pack_run RUN_DIR OUT.tgz --socket SOCK --session RUN_ID \
+    python -m nodeprobe pack-run RUN_DIR OUT.tgz --socket SOCK --session RUN_ID \
         [--pattern launch.log ...] [--exclude '*.pt' ...] [--glob 'ckpt/*.json' ...] [--glob-dir DIR]
 
 Takes the files of RUN_DIR whose name matches a --pattern (recursively, minus --exclude), plus the files
@@ -115,7 +115,7 @@ def pack(out: str, files: dict[str, str], pane: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m nodeprobe.pack_run", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m nodeprobe pack-run", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
     ap.add_argument("out")
     ap.add_argument("--socket", required=True)

@@ -1,4 +1,5 @@
-"""``ddplab_node``: run one command on the node over the task's connection, without a module wrapper.
+"""``ddplab_node``: run one command on the node over the task's connection, without a module wrapper; and
+the one way node code (``nodeprobe``) runs.
 
 Why not ``ansible.builtin.command``: the command module is a Python program that Ansible packs, sends and
 starts on the node for every call (AnsiballZ), and that program then starts the command. Its own start
@@ -14,10 +15,16 @@ like the command module splits it: no shell features; unlike it, $VARS in argume
 when rc is not 0 unless the task's ``failed_when`` says otherwise. In check mode it is skipped unless the
 task sets ``check_mode: false`` (as the command module). The command always gets stdin (at least the
 newline): without it the ssh connection would ask for a terminal, which merges stderr into stdout.
+
+Node code: ``nodeprobe: VERB`` runs a verb of nodeprobe/, the one way roles run node code: ``argv`` are
+then the verb's arguments, ``stdin`` its input (text, or data sent as JSON); ``python`` is the interpreter
+a probe shipped alone examines, ``lab`` another lab folder (a node left out by --limit, delegated to).
+ddplab/node_command.py chooses the interpreter and the code folder.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 
@@ -25,21 +32,25 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.action import ActionBase
 
+from ddplab.node_command import NodeCommandError, lab_folders, nodeprobe_command
+
 DOCUMENTATION = """
 name: ddplab_node
-short_description: Run a command on the node without a module wrapper
+short_description: Run a command, or a nodeprobe verb, on the node without a module wrapper
 options:
-  argv: {type: list, elements: str, description: The command and its arguments (or cmd).}
+  argv: {type: list, elements: str, description: The command and its arguments (or cmd); with nodeprobe, the verb's arguments.}
   cmd: {type: str, description: The command line, split without a shell or $VARS expansion (or argv).}
   chdir: {type: str, description: Folder on the node to run in.}
-  stdin: {type: str, description: Text written to the command's standard input (a newline is added).}
+  stdin: {type: raw, description: Text written to the command's standard input (a newline is added); with nodeprobe, data is sent as JSON.}
+  nodeprobe: {type: str, description: A nodeprobe verb to run (see above); the plugin chooses the Python and the code folder.}
+  python: {type: str, description: With a nodeprobe verb shipped alone, the interpreter that runs it (the one it examines).}
+  lab: {type: str, description: With a nodeprobe verb, the lab folder whose code and Python record to use (default ddplab_lab).}
 """
-
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = True
-    _VALID_ARGS = frozenset(("argv", "cmd", "chdir", "stdin"))
+    _VALID_ARGS = frozenset(("argv", "cmd", "chdir", "stdin", "nodeprobe", "python", "lab"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -47,13 +58,22 @@ class ActionModule(ActionBase):
             "argv": {"type": "list", "elements": "str"},
             "cmd": {"type": "str"},
             "chdir": {"type": "str"},
-            "stdin": {"type": "str"},
-        }, mutually_exclusive=[("argv", "cmd")], required_one_of=[("argv", "cmd")])
+            "stdin": {"type": "raw"},
+            "nodeprobe": {"type": "str"},
+            "python": {"type": "str"},
+            "lab": {"type": "str"},
+        }, mutually_exclusive=[("argv", "cmd"), ("nodeprobe", "cmd")], required_one_of=[("argv", "cmd", "nodeprobe")],
+            required_by={"python": "nodeprobe", "lab": "nodeprobe"})
         if self._play_context.check_mode:
             result.update(skipped=True, msg="skipped in check mode (set check_mode: false to run it)")
             return result
         given = args.get("argv")
-        argv = [to_text(a) for a in given] if given is not None else shlex.split(args["cmd"])
+        argv = [to_text(a) for a in given] if given is not None else shlex.split(args.get("cmd") or "")
+        stdin = args.get("stdin")
+        if args.get("nodeprobe"):
+            argv, stdin = self._nodeprobe(args, argv, stdin, task_vars or {})
+        elif stdin is not None and not isinstance(stdin, str):
+            raise AnsibleActionFail("ddplab_node: stdin is text (data goes as JSON only to a nodeprobe verb)")
         if not argv:
             raise AnsibleActionFail("ddplab_node: the command is empty")
         line = shlex.join(argv)
@@ -63,7 +83,7 @@ class ActionModule(ActionBase):
         chdir = args.get("chdir")
         start = time.monotonic()
         res = self._low_level_execute_command(
-            line, in_data=to_bytes((args.get("stdin") or "") + "\n"),
+            line, in_data=to_bytes((stdin or "") + "\n"),
             chdir=shlex.quote(chdir) if chdir else None)
         out, err = res["stdout"].rstrip("\r\n"), res["stderr"].rstrip("\r\n")
         rc = res["rc"]
@@ -74,3 +94,21 @@ class ActionModule(ActionBase):
         if rc != 0:
             result["msg"] = "non-zero return code"
         return result
+
+    def _nodeprobe(self, args, verb_args, stdin, task_vars):
+        """The command and stdin of a nodeprobe verb (see the module docstring)."""
+        ansible_python = self._templar.template(task_vars.get("ansible_python_interpreter")) or "python3"
+        lab = lab_folders(args["lab"]) if args.get("lab") else self._templar.template(task_vars.get("ddplab_lab"))
+        try:
+            argv, program = nodeprobe_command(args["nodeprobe"], verb_args, to_text(ansible_python),
+                                              args.get("python"), lab)
+        except NodeCommandError as e:
+            raise AnsibleActionFail(f"ddplab_node: {e}") from None
+        if stdin is not None and not isinstance(stdin, str):
+            stdin = json.dumps(stdin)
+        if program is not None:
+            if stdin:
+                raise AnsibleActionFail(f"ddplab_node: {args['nodeprobe']} is shipped alone: its program takes "
+                                        f"stdin, so its input goes in argv")
+            stdin = program
+        return argv, stdin

@@ -10,7 +10,8 @@ again) made 8 task results per node and poll, each a worker process forked on th
 2 simulated hosts, 15 more polls cost the control host 13.6 CPU-s more (0.45 CPU-s per node and poll): a
 wait of minutes on 16 nodes kept most of a core busy. Here a poll is one command over the connection.
 
-Arguments: ``argv`` (the command, without ``--wait``), ``chdir``, ``poll`` (seconds), ``max_polls``,
+Arguments: ``argv`` (the command, without ``--wait``; with ``nodeprobe: run-status``, the verb's arguments, run
+as ddplab_node runs node code: ddplab/node_command.py), ``chdir``, ``poll`` (seconds), ``max_polls``,
 ``gone_ok`` (an elastic run: a node that no longer answers over SSH is ``gone``, not unreachable). Returns
 ``state`` (the last answer, a dict as ``run-status`` prints it), ``polls`` and ``timed_out``. Fails when the
 command exits non-zero or prints no JSON. Runs in check mode too (it only reads).
@@ -21,16 +22,19 @@ from __future__ import annotations
 import json
 import shlex
 
-from ansible.errors import AnsibleConnectionFailure
+from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+
+from ddplab.node_command import NodeCommandError, nodeprobe_command
 
 DOCUMENTATION = """
 name: ddplab_wait
 short_description: Follow the node's rank until it ends, printing a progress line per poll
 options:
-  argv: {type: list, elements: str, required: true, description: The run-status command, without --wait.}
+  argv: {type: list, elements: str, required: true, description: The run-status command (or its arguments), without --wait.}
+  nodeprobe: {type: str, description: The nodeprobe verb that answers (run-status); argv are then its arguments.}
   chdir: {type: str, description: Folder on the node to run in.}
   poll: {type: int, default: 10, description: Seconds the node waits for the exit code per poll.}
   max_polls: {type: int, required: true, description: Polls before giving up (timed_out).}
@@ -55,19 +59,23 @@ def progress_line(state: dict) -> str:
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = True
-    _VALID_ARGS = frozenset(("argv", "chdir", "poll", "max_polls", "gone_ok"))
+    _VALID_ARGS = frozenset(("argv", "nodeprobe", "chdir", "poll", "max_polls", "gone_ok"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec={
             "argv": {"type": "list", "elements": "str", "required": True},
+            "nodeprobe": {"type": "str"},
             "chdir": {"type": "str"},
             "poll": {"type": "int", "default": 10},
             "max_polls": {"type": "int", "required": True},
             "gone_ok": {"type": "bool", "default": False},
         })
         host = (task_vars or {}).get("inventory_hostname", "")
-        line = shlex.join([*map(to_text, args["argv"]), "--wait", str(args["poll"])])
+        argv = [*map(to_text, args["argv"]), "--wait", str(args["poll"])]
+        if args.get("nodeprobe"):
+            argv = self._nodeprobe(args["nodeprobe"], argv, task_vars or {})
+        line = shlex.join(argv)
         environment = self._compute_environment_string()
         if environment:
             line = f"{environment} {line}"
@@ -91,6 +99,16 @@ class ActionModule(ActionBase):
         result.update(state=state, polls=polls, timed_out=state.get("state") in LIVE, changed=False,
                       ansible_facts={"launch_state": state})
         return result
+
+    def _nodeprobe(self, verb: str, verb_args: list[str], task_vars: dict) -> list[str]:
+        """The command that runs `verb` of the synced code (as ddplab_node's nodeprobe)."""
+        interpreter = self._templar.template(task_vars.get("ansible_python_interpreter")) or "python3"
+        try:
+            argv, _ = nodeprobe_command(verb, verb_args, to_text(interpreter),
+                                        lab=self._templar.template(task_vars.get("ddplab_lab")))
+        except NodeCommandError as e:
+            raise AnsibleActionFail(f"ddplab_wait: {e}") from None
+        return argv
 
     @staticmethod
     def _answer(res: dict) -> tuple[dict, str | None]:

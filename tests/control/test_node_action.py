@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -95,3 +96,80 @@ def test_over_ssh_on_a_simulated_host(simlan2, tmp_path):
                       exists=lambda p: simlan2.exec("node1", ["test", "-e", p], timeout=30).returncode == 0)
     finally:
         simlan2.exec("node1", ["rm", "-rf", "/root/ddplab node action"], timeout=30)
+
+
+NODEPROBE_PLAY = textwrap.dedent("""\
+    - hosts: all
+      gather_facts: false
+      vars:
+        ddplab_lab: {code: "{{ repo }}", python_file: "{{ tmp }}/python"}
+      tasks:
+        - name: a module shipped alone (the program on stdin, no synced code needed)
+          ddplab_node:
+            nodeprobe: hashing
+            argv: [tree-json, "{{ tmp }}/tree"]
+          register: alone
+          check_mode: false
+
+        - name: a verb of the synced code, its data on stdin as JSON
+          ddplab_node:
+            nodeprobe: place-files
+            stdin: {files: [{path: "{{ tmp }}/placed.txt", mode: "0600", content: "hi"}]}
+          register: synced
+          check_mode: false
+
+        - name: a verb that needs the pinned Python, on a lab whose record names none
+          ddplab_node:
+            nodeprobe: preflight-connect
+          register: unprepared
+          failed_when: false
+          check_mode: false
+
+        - name: the same verb in a lab folder given as ~/..., whose record names a Python without torch
+          ddplab_node:
+            nodeprobe: preflight-connect
+            lab: "~/{{ lab_in_home }}"
+          register: other_lab
+          failed_when: false
+          check_mode: false
+
+        - name: hand the results over
+          ansible.builtin.debug:
+            msg: "RESULTS {{ {'alone': alone, 'synced': synced, 'unprepared': unprepared, 'other': other_lab}
+              | to_json }}"
+    """)
+
+
+def test_nodeprobe_verbs_choose_python_and_code_folder(tmp_path):
+    """ddplab_node's `nodeprobe:` is the one way roles run node code: a module shipped alone runs from stdin,
+    a verb of the synced code runs in the lab's code folder (its stdin data as JSON), a torch verb with the
+    Python the lab's record names, and a node without one says it is not prepared (exit 3, one line)."""
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "a.txt").write_text("a\n")
+    (tmp_path / "tree" / ".ddplab-sync-files.json").write_text('["a.txt"]')  # what ddplab placed there
+    home = Path.home()
+    lab = home / f".ddplab-node-action-{tmp_path.name}"
+    (lab / "code").mkdir(parents=True)
+    try:
+        (lab / "code" / "nodeprobe").symlink_to(REPO / "nodeprobe")
+        (lab / "python").write_text("/bin/false\n")  # a Python that says nothing and fails
+        (tmp_path / "play.yml").write_text(NODEPROBE_PLAY)
+        argv = [str(BIN / "ansible-playbook"), str(tmp_path / "play.yml"), "-i", "localhost,", "-c", "local",
+                "-e", json.dumps({"repo": str(REPO), "tmp": str(tmp_path), "lab_in_home": lab.name,
+                                  "ansible_python_interpreter": sys.executable})]
+        proc = subprocess.run(argv, cwd=REPO, text=True, capture_output=True, timeout=120,
+                              stdin=subprocess.DEVNULL, env={"ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:/usr/bin:/bin",
+                                                             "HOME": str(home)})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    finally:
+        subprocess.run(["rm", "-rf", str(lab)], check=True)
+    line = next(ln for ln in proc.stdout.splitlines() if "RESULTS " in ln)
+    res = json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"].removeprefix("RESULTS "))
+    assert res["alone"]["cmd"] == [sys.executable, "-I", "-", "tree-json", f"{tmp_path}/tree"], res["alone"]
+    assert json.loads(res["alone"]["stdout"])[0].endswith("  a.txt"), res["alone"]
+    assert res["synced"]["rc"] == 0 and (tmp_path / "placed.txt").read_text() == "hi\n", res["synced"]
+    assert oct((tmp_path / "placed.txt").stat().st_mode & 0o777) == "0o600"
+    assert res["unprepared"]["rc"] == 3 and res["unprepared"]["stderr"] == (
+        f"ddplab: error: {tmp_path}/python names no Python: the node is not prepared"), res["unprepared"]
+    # ~ is the node's home; the record's Python is the one that runs (here /bin/false: rc 1, no output)
+    assert res["other"]["rc"] == 1 and res["other"]["stderr"] == "", res["other"]

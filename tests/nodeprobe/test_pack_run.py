@@ -25,7 +25,7 @@ def test_the_archive_is_private_and_redacts_the_users_environment(tmp_path):
     (run / "trainer.env").chmod(0o600)
     (run / "launch.log").write_text("step 1\n")
     out = tmp_path / "collect.tgz"
-    proc = subprocess.run([sys.executable, "-m", "nodeprobe.pack_run", str(run), str(out), "--socket",
+    proc = subprocess.run([sys.executable, "-m", "nodeprobe", "pack-run", str(run), str(out), "--socket",
                            str(tmp_path / "none.sock"), "--session", "r1", "--pattern", "trainer.env",
                            "--pattern", "launch.log"], cwd=REPO, capture_output=True, text=True, timeout=60,
                           check=True)

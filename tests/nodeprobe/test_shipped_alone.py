@@ -2,8 +2,9 @@
 
 Each module in nodeprobe.SHIPPED_ALONE is run as roles run it, the program on stdin of `python -I -`,
 here also with `-S` (no site-packages at all) from a folder holding a `json.py` that would break it if the
-working folder reached sys.path: it must import with the standard library alone. The lookup the roles use
-serves exactly these modules and refuses any other by name.
+working folder reached sys.path: it must import with the standard library alone. ddplab/node_command.py
+(the one way roles run node code, through ddplab_node's `nodeprobe:`) ships exactly these modules alone and
+runs any other verb from the synced code.
 """
 
 from __future__ import annotations
@@ -16,18 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from ddplab.node_command import NodeCommandError, lab_folders, nodeprobe_command, shipped_alone
 from nodeprobe import SHIPPED_ALONE
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def lookup(name: str) -> subprocess.CompletedProcess:
-    """The lookup's program() in a process of its own: importing Ansible patches sys.intern, which torch's
-    compiler then refuses in the test worker that imported it."""
-    code = ("import sys; sys.path.insert(0, 'plugins/lookup'); import ddplab_node_program as m; "
-            "sys.stdout.write(m.program(sys.argv[1]))")
-    return subprocess.run([sys.executable, "-c", code, name], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
 
 # Run the module's top level (its imports and definitions) without its `if __name__ == "__main__":` part.
 TOP_LEVEL = ("import sys; src = sys.stdin.read(); "
@@ -37,9 +31,9 @@ TOP_LEVEL = ("import sys; src = sys.stdin.read(); "
 @pytest.mark.parametrize("name", SHIPPED_ALONE)
 def test_each_runs_with_the_standard_library_alone(name, tmp_path):
     (tmp_path / "json.py").write_text("raise SystemExit('the working folder reached sys.path')\n")
-    served = lookup(name)
+    argv, served = nodeprobe_command(name.replace("_", "-"), ["--x"], "python3")
     source = (REPO / "nodeprobe" / f"{name}.py").read_text()
-    assert served.returncode == 0 and served.stdout == source, served.stderr
+    assert argv == ["python3", "-I", "-", "--x"] and served == source
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", TOP_LEVEL], input=source, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
@@ -50,19 +44,25 @@ def test_each_runs_with_the_standard_library_alone(name, tmp_path):
     assert imported - set(sys.stdlib_module_names) - {"__future__"} == set(), name
 
 
-def test_the_lookup_refuses_a_module_that_is_not_shipped_alone():
-    refused = lookup("fingerprint")
-    assert refused.returncode != 0 and "AnsibleLookupError" in refused.stderr
-    said = re.search(r"'fingerprint' is not shipped alone .* allowed: prereqs", refused.stderr)
-    assert said, refused.stderr
+def test_a_verb_of_the_synced_code_is_never_shipped_alone():
+    with pytest.raises(NodeCommandError, match="python is for a verb shipped alone, not fingerprint"):
+        nodeprobe_command("fingerprint", [], "python3", python="/usr/bin/python3")
+    argv, program = nodeprobe_command("fingerprint", [], "python3", lab=lab_folders("/l"))
+    assert program is None and argv[:2] == ["/bin/sh", "-c"] and argv[4:7] == ["python3", "/l/code", "fingerprint"]
 
 
-def test_roles_ship_node_code_only_through_the_lookup():
-    """No role reads a nodeprobe file by climbing out of the roles tree."""
+def test_roles_run_node_code_only_through_ddplab_node():
+    """No role reads a nodeprobe file by climbing out of the roles tree, names an interpreter for node code or
+    runs `-m nodeprobe` itself; every module shipped alone is used by a role's `nodeprobe:` verb."""
     climbs = [str(p.relative_to(REPO)) for p in (REPO / "roles").rglob("*.yml") if "/../" in p.read_text()]
     assert climbs == []
-    shipped = {name for p in (REPO / "roles").rglob("*.yml")
-               for name in re.findall(r"lookup\('ddplab_node_program', '(\w+)'\)", p.read_text())}
-    # relay_take goes with the relay job itself (ddplab/relay.py TAKE_PROGRAM), not with a role
-    assert shipped | {"relay_take"} == set(SHIPPED_ALONE)
+    texts = {p: p.read_text() for folder in ("roles", "playbooks") for p in (REPO / folder).rglob("*.yml")}
+    own_way = [f"{p.relative_to(REPO)}: {line.strip()}" for p, text in texts.items() for line in text.splitlines()
+               if re.search(r"-m\W+nodeprobe|\W-I\W|ddplab_node_program", line)
+               and "ansible_playbook_python" not in line]  # the control host's own `nodeprobe connect`
+    assert own_way == []
+    shipped = {shipped_alone(verb) for text in texts.values() for verb in re.findall(r"nodeprobe: ([\w-]+)", text)}
+    # relay_take goes with the relay job itself (ddplab/relay.py TAKE_PROGRAM), relay_receive is a file that
+    # relay_access places (roles/relay_ssh/vars)
+    assert (shipped - {None}) | {"relay_take", "relay_receive"} == set(SHIPPED_ALONE)
     assert 'with_name("relay_take.py")' in (REPO / "ddplab" / "relay.py").read_text()

@@ -169,7 +169,7 @@ def test_a_real_collected_archive_unpacks_as_before(tmp_path):
     (node_run / "out" / "latest.json").symlink_to("ckpt/meta.json")
     (node_run / "exit_code").write_text("0\n")
     packed = tmp_path / "node1.tgz"
-    subprocess.run([sys.executable, "-m", "nodeprobe.pack_run", str(node_run), str(packed), "--socket",
+    subprocess.run([sys.executable, "-m", "nodeprobe", "pack-run", str(node_run), str(packed), "--socket",
                     str(tmp_path / "none.sock"), "--session", "r1", "--pattern", "*.json*", "--pattern",
                     "launch.log", "--pattern", "trainer.env", "--pattern", "exit_code"], cwd=REPO, check=True,
                    capture_output=True, timeout=60)
