@@ -31,6 +31,7 @@ from ddplab.inventory import _inventory_list
 from ddplab.settings import validate as settings_validate
 from ddplab.settings.external import CPU_INDEX
 from ddplab.settings.layout import MASTER, NODES
+from trainer.launch_contract import is_run_id
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_VARS = REPO / "roles" / "launch" / "vars" / "main.yml"
@@ -43,7 +44,6 @@ MARKER = "Written by `python -m ddplab export sbatch`"
 TIME_LIMIT = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")  # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
 # The script holds ddplab_env: readable by its owner only (sbatch and bash read it; nothing executes it).
 SCRIPT_MODE = 0o600
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # as roles/ddplab/tasks/run_id.yml
 
 
 def validate_input(inventory: str) -> dict:
@@ -127,7 +127,7 @@ def heredoc_end(text: str, word: str) -> str:
 
 def job_data(args, v: dict, nodes: list[str]) -> dict:
     run = args.run_id or v["ddplab_run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    if not RUN_ID.match(run):
+    if not is_run_id(run):
         raise DdplabError(f"--run-id {run!r}: letters, digits, '.', '_' and '-' only; "
                           "pass e.g. --run-id run-1")
     root = (args.root or v["ddplab_root"]).rstrip("/")

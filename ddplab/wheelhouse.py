@@ -38,6 +38,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from ddplab.check_requirements import problems as torch_problems
+from ddplab.settings.external import CPU_INDEX
+from ddplab.settings.spec import BY_NAME
 from ddplab.wheel_download import (
     WheelhouseError,
     download_requirements,
@@ -47,10 +49,10 @@ from ddplab.wheel_download import (
 )
 
 MANIFEST = "manifest.json"
-DEFAULT_TORCH = "2.13.0"
+DEFAULT_TORCH = BY_NAME["ddplab_torch_version"].default
 DEFAULT_PACKAGES = ("numpy", "pyarrow")
 # download.pytorch.org holds the +cpu builds for every Python version; PyPI's Linux torch is the CUDA one.
-DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+DEFAULT_TORCH_INDEX = CPU_INDEX
 DEFAULT_GLIBC = "2.28"  # torch 2.13's Linux wheels are manylinux_2_28: the oldest glibc they run on
 PROBE = ("import platform, sys; "
          "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1])")

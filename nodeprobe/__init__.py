@@ -6,11 +6,11 @@ the spec-driven ``preflight-*`` steps), ``route`` (roles/gloo_network), ``run-st
 and ``verify-shards`` (roles/dataset). Each command prints ONE JSON object on stdout and exits 0 when
 the probe ran (the finding is in the JSON); a usage error exits 2 with one line on stderr.
 
-One way a node runs this code: a role's task ``ddplab_node: {nodeprobe: VERB}`` (plugins/action/ddplab_node.py),
-which chooses the interpreter and the code folder from the two lists below.
+One way a node runs this code: a role's task ``ddplab_node: {nodeprobe: VERB}`` (ddplab/node_command.py
+chooses the interpreter and the code folder from the two lists below).
 
-- ``python -m nodeprobe VERB`` from the synced code folder: any module here, with Ansible's interpreter, or for
-  a verb of ``PINNED_PYTHON`` (those import torch: ``fingerprint`` and ``smoke`` in preflight's steps,
+- ``python -m nodeprobe VERB`` from the synced code folder: any module here, with Ansible's interpreter, or
+  for a verb of ``PINNED_PYTHON`` (those import torch: ``fingerprint`` and ``smoke`` in preflight's steps,
   ``smoke_rank`` inside the user's ranks of a smoke or tune run) the Python the lab's record names.
 - Alone, before the synced code exists: the modules named in ``SHIPPED_ALONE`` (the verb ``lab-dirs`` is
   lab_dirs.py), each read on the control host by the plugin (which refuses any other name) and run as the
@@ -31,7 +31,7 @@ PROBE_VERSION = 1
 SHIPPED_ALONE = ("prereqs", "lab_dirs", "hashing", "torch_candidates", "procs", "site_probe", "relay_access",
                  "relay_receive", "relay_take", "daemons")
 
-# Verbs run with the lab's pinned Python (the one with torch), read from the lab's record on the node: preflight's
-# steps (one interpreter for all of them, and "not prepared" when there is none) and the smoke and tune runs.
+# Verbs run with the lab's pinned Python (the one with torch), read from the lab's record on the node:
+# preflight's steps (one interpreter for all, "not prepared" when there is none), the smoke and tune runs.
 PINNED_PYTHON = ("preflight-gather", "preflight-connect", "preflight-smoke", "preflight-outside",
                  "preflight-outside-stop", "code-smoke", "code-tune")

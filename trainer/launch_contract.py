@@ -2,8 +2,8 @@
 
 Stdlib only and free of torch: ddplab imports it on the control host (trainer/ is part of every checkout),
 the trainer on the nodes (this file is synced with trainer/); nothing here imports ddplab, which never
-leaves the control host. roles/ddplab/tasks/run_id.yml spells RUN_ID and RUN_ID_TIME_FORMAT in Jinja;
-tests/trainer/test_launch_contract.py checks that it spells them as here.
+leaves the control host. roles/ddplab/tasks/run_id.yml checks and makes run ids through plugins that import
+this file (roles/ddplab/test_plugins/run_id.py, plugins/lookup/ddplab_new_run_id.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ RUN_ID_DOC = "letters, digits, '.', '_' and '-' (at most 64, starting with a let
 RUN_ID_TIME_FORMAT = "%Y%m%d-%H%M%S"
 # rank 0's TCP port for torchrun's rendezvous store (torchrun's own default)
 MASTER_PORT = 29500
+# seconds a rank waits for a peer before it fails, naming it (ddplab_pg_timeout, the trainer's --pg-timeout-s)
+PG_TIMEOUT_S = 45
 
 
 def is_run_id(text: str) -> bool:

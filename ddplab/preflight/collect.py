@@ -2,7 +2,7 @@
 
 The role sends one JSON object on stdin (``python -m ddplab preflight-verdict``)::
 
-    {"inventory": {"master_port": 29500, "torch_version": "2.13.0", "threads": 2,
+    {"inventory": {"master_port": 29500, "torch_version": "<the pin>", "threads": 2,
                    "hosts": {"node0": {"rank": 0, "addr": "10.77.0.10", "master": true, "local": false}}},
      "smoke_skipped": null or "why the gloo smoke test was not run",
      "results": {"ssh":        {host: <ping result: unreachable/msg>},

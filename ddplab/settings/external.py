@@ -22,7 +22,8 @@ import sys
 from ddplab.settings.problems import Problem
 from ddplab.trainer_flags import FLAG_SETTING, launch_flags
 
-# torch_env's extra index (roles/torch_env/defaults/main.yml: torch_env_extra_index_url): CPU wheels.
+# The index of torch's CPU wheels (PyPI's Linux torch is the CUDA one): torch_env's extra index (through the
+# lookup ddplab_constant), `make wheelhouse`'s and `export sbatch`'s.
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PIP_TIMEOUT_S = 8
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nodeprobe import log_metrics
-from trainer.launch_contract import MASTER_PORT, RUN_ID, RUN_ID_DOC
+from trainer.launch_contract import MASTER_PORT, PG_TIMEOUT_S, RUN_ID, RUN_ID_DOC
 
 # Sections: where a setting is documented. "run" and "code" go to the example group_vars files;
 # "host" settings are per inventory host (documented in inventory/example/hosts.yml) and have no default.
@@ -135,7 +135,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ddplab_rdzv_timeout", "int", 60,
             "Seconds every node has to join torchrun's static rendezvous (torchrun's own default is 600).",
             min=1),
-    Setting("ddplab_pg_timeout", "int", 45,
+    Setting("ddplab_pg_timeout", "int", PG_TIMEOUT_S,
             "Seconds a rank waits for a peer in a collective before it fails, naming the peer (torch's "
             "default is 30 minutes: a short value turns a hang into an error).", min=1),
     Setting("ddplab_max_restarts", "int", 0,

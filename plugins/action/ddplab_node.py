@@ -38,13 +38,13 @@ DOCUMENTATION = """
 name: ddplab_node
 short_description: Run a command, or a nodeprobe verb, on the node without a module wrapper
 options:
-  argv: {type: list, elements: str, description: The command and its arguments (or cmd); with nodeprobe, the verb's arguments.}
+  argv: {type: list, elements: str, description: "The command and its arguments; with nodeprobe, the verb's."}
   cmd: {type: str, description: The command line, split without a shell or $VARS expansion (or argv).}
   chdir: {type: str, description: Folder on the node to run in.}
-  stdin: {type: raw, description: Text written to the command's standard input (a newline is added); with nodeprobe, data is sent as JSON.}
-  nodeprobe: {type: str, description: A nodeprobe verb to run (see above); the plugin chooses the Python and the code folder.}
-  python: {type: str, description: With a nodeprobe verb shipped alone, the interpreter that runs it (the one it examines).}
-  lab: {type: str, description: With a nodeprobe verb, the lab folder whose code and Python record to use (default ddplab_lab).}
+  stdin: {type: raw, description: Text on the command's stdin (a newline added); nodeprobe's data as JSON.}
+  nodeprobe: {type: str, description: A nodeprobe verb (ddplab/node_command.py runs it).}
+  python: {type: str, description: For a verb shipped alone, the interpreter it examines.}
+  lab: {type: str, description: With a nodeprobe verb, the lab folder whose code and Python record to use.}
 """
 
 class ActionModule(ActionBase):
@@ -62,7 +62,8 @@ class ActionModule(ActionBase):
             "nodeprobe": {"type": "str"},
             "python": {"type": "str"},
             "lab": {"type": "str"},
-        }, mutually_exclusive=[("argv", "cmd"), ("nodeprobe", "cmd")], required_one_of=[("argv", "cmd", "nodeprobe")],
+        }, mutually_exclusive=[("argv", "cmd"), ("nodeprobe", "cmd")],
+            required_one_of=[("argv", "cmd", "nodeprobe")],
             required_by={"python": "nodeprobe", "lab": "nodeprobe"})
         if self._play_context.check_mode:
             result.update(skipped=True, msg="skipped in check mode (set check_mode: false to run it)")
@@ -98,7 +99,8 @@ class ActionModule(ActionBase):
     def _nodeprobe(self, args, verb_args, stdin, task_vars):
         """The command and stdin of a nodeprobe verb (see the module docstring)."""
         ansible_python = self._templar.template(task_vars.get("ansible_python_interpreter")) or "python3"
-        lab = lab_folders(args["lab"]) if args.get("lab") else self._templar.template(task_vars.get("ddplab_lab"))
+        lab = (lab_folders(args["lab"]) if args.get("lab")
+               else self._templar.template(task_vars.get("ddplab_lab")))
         try:
             argv, program = nodeprobe_command(args["nodeprobe"], verb_args, to_text(ansible_python),
                                               args.get("python"), lab)
@@ -108,7 +110,7 @@ class ActionModule(ActionBase):
             stdin = json.dumps(stdin)
         if program is not None:
             if stdin:
-                raise AnsibleActionFail(f"ddplab_node: {args['nodeprobe']} is shipped alone: its program takes "
-                                        f"stdin, so its input goes in argv")
+                raise AnsibleActionFail(f"ddplab_node: {args['nodeprobe']} is shipped alone: its program "
+                                        f"takes stdin, so its input goes in argv")
             stdin = program
         return argv, stdin

@@ -10,8 +10,8 @@ again) made 8 task results per node and poll, each a worker process forked on th
 2 simulated hosts, 15 more polls cost the control host 13.6 CPU-s more (0.45 CPU-s per node and poll): a
 wait of minutes on 16 nodes kept most of a core busy. Here a poll is one command over the connection.
 
-Arguments: ``argv`` (the command, without ``--wait``; with ``nodeprobe: run-status``, the verb's arguments, run
-as ddplab_node runs node code: ddplab/node_command.py), ``chdir``, ``poll`` (seconds), ``max_polls``,
+Arguments: ``argv`` (the command, without ``--wait``; with ``nodeprobe: run-status``, the verb's arguments,
+run as ddplab_node runs node code: ddplab/node_command.py), ``chdir``, ``poll`` (seconds), ``max_polls``,
 ``gone_ok`` (an elastic run: a node that no longer answers over SSH is ``gone``, not unreachable). Returns
 ``state`` (the last answer, a dict as ``run-status`` prints it), ``polls`` and ``timed_out``. Fails when the
 command exits non-zero or prints no JSON. Runs in check mode too (it only reads).
@@ -33,8 +33,8 @@ DOCUMENTATION = """
 name: ddplab_wait
 short_description: Follow the node's rank until it ends, printing a progress line per poll
 options:
-  argv: {type: list, elements: str, required: true, description: The run-status command (or its arguments), without --wait.}
-  nodeprobe: {type: str, description: The nodeprobe verb that answers (run-status); argv are then its arguments.}
+  argv: {type: list, elements: str, required: true, description: "The command (or the verb's), no --wait."}
+  nodeprobe: {type: str, description: The nodeprobe verb that answers (run-status).}
   chdir: {type: str, description: Folder on the node to run in.}
   poll: {type: int, default: 10, description: Seconds the node waits for the exit code per poll.}
   max_polls: {type: int, required: true, description: Polls before giving up (timed_out).}

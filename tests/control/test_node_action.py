@@ -157,9 +157,9 @@ def test_nodeprobe_verbs_choose_python_and_code_folder(tmp_path):
         argv = [str(BIN / "ansible-playbook"), str(tmp_path / "play.yml"), "-i", "localhost,", "-c", "local",
                 "-e", json.dumps({"repo": str(REPO), "tmp": str(tmp_path), "lab_in_home": lab.name,
                                   "ansible_python_interpreter": sys.executable})]
+        env = {"ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(home)}
         proc = subprocess.run(argv, cwd=REPO, text=True, capture_output=True, timeout=120,
-                              stdin=subprocess.DEVNULL, env={"ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:/usr/bin:/bin",
-                                                             "HOME": str(home)})
+                              stdin=subprocess.DEVNULL, env=env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     finally:
         subprocess.run(["rm", "-rf", str(lab)], check=True)

@@ -48,7 +48,8 @@ def test_a_verb_of_the_synced_code_is_never_shipped_alone():
     with pytest.raises(NodeCommandError, match="python is for a verb shipped alone, not fingerprint"):
         nodeprobe_command("fingerprint", [], "python3", python="/usr/bin/python3")
     argv, program = nodeprobe_command("fingerprint", [], "python3", lab=lab_folders("/l"))
-    assert program is None and argv[:2] == ["/bin/sh", "-c"] and argv[4:7] == ["python3", "/l/code", "fingerprint"]
+    assert program is None and argv[:2] == ["/bin/sh", "-c"]
+    assert argv[4:7] == ["python3", "/l/code", "fingerprint"]
 
 
 def test_roles_run_node_code_only_through_ddplab_node():
@@ -57,11 +58,13 @@ def test_roles_run_node_code_only_through_ddplab_node():
     climbs = [str(p.relative_to(REPO)) for p in (REPO / "roles").rglob("*.yml") if "/../" in p.read_text()]
     assert climbs == []
     texts = {p: p.read_text() for folder in ("roles", "playbooks") for p in (REPO / folder).rglob("*.yml")}
-    own_way = [f"{p.relative_to(REPO)}: {line.strip()}" for p, text in texts.items() for line in text.splitlines()
+    own_way = [f"{p.relative_to(REPO)}: {line.strip()}"
+               for p, text in texts.items() for line in text.splitlines()
                if re.search(r"-m\W+nodeprobe|\W-I\W|ddplab_node_program", line)
                and "ansible_playbook_python" not in line]  # the control host's own `nodeprobe connect`
     assert own_way == []
-    shipped = {shipped_alone(verb) for text in texts.values() for verb in re.findall(r"nodeprobe: ([\w-]+)", text)}
+    verbs = {verb for text in texts.values() for verb in re.findall(r"nodeprobe: ([\w-]+)", text)}
+    shipped = {shipped_alone(verb) for verb in verbs}
     # relay_take goes with the relay job itself (ddplab/relay.py TAKE_PROGRAM), relay_receive is a file that
     # relay_access places (roles/relay_ssh/vars)
     assert (shipped - {None}) | {"relay_take", "relay_receive"} == set(SHIPPED_ALONE)
