@@ -26,8 +26,10 @@ NODEPROBE = Path(nodeprobe.__file__).resolve().parent
 SYNCED = r"""py=$1 c=$2; shift 2; case $c in "~"/*) c=$HOME${c#"~"};; esac
 case $py in @*) f=${py#@}; case $f in "~"/*) f=$HOME${f#"~"};; esac
   py=$(cat "$f" 2>/dev/null) && [ -x "$py" ] ||
-  { v=$(python3 -c 'import platform, sys; print("%d.%d" % sys.version_info[:2], platform.machine())' 2>/dev/null)
-    echo "ddplab: error: $f names no Python: the node is not prepared${v:+ (its python3: $v)}" >&2; exit 3; };;
+  { v=$(python3 -c 'import platform, sys; print("%d.%d" % sys.version_info[:2], platform.machine())' \
+      2>/dev/null)
+    echo "ddplab: error: $f names no Python: the node is not prepared${v:+ (its python3: $v)}" >&2
+    exit 3; };;
 esac
 cd "$c" 2>/dev/null && [ -d nodeprobe ] ||
 { echo "ddplab: error: no $c/nodeprobe: the node is not prepared" >&2; exit 3; }

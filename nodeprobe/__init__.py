@@ -32,6 +32,7 @@ SHIPPED_ALONE = ("prereqs", "lab_dirs", "hashing", "torch_candidates", "procs", 
                  "relay_receive", "relay_take", "daemons")
 
 # Verbs run with the lab's pinned Python (the one with torch), read from the lab's record on the node:
-# preflight's steps (one interpreter for all, "not prepared" when there is none), the smoke and tune runs.
+# preflight's steps (one interpreter for all, "not prepared" when there is none), the smoke and tune runs, and
+# the compile cache's seed (torch's own cache layout and fingerprint).
 PINNED_PYTHON = ("preflight-gather", "preflight-connect", "preflight-smoke", "preflight-outside",
-                 "preflight-outside-stop", "code-smoke", "code-tune")
+                 "preflight-outside-stop", "code-smoke", "code-tune", "compile-seed")

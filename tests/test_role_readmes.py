@@ -1,7 +1,7 @@
 """Each role's README shows an example play that runs as typed: it passes `ansible-playbook --syntax-check`,
-and it lists what the role reads that another role sets (roles/lab_facts' facts, the run id of
-roles/ddplab's run_id.yml), as the playbooks do. A cheap subset runs for real on a prepared cluster
-(tests/orchestrator/test_limit_simlan.py)."""
+and it lists what the role reads that another role sets (roles/lab_facts' facts; the run id of roles/ddplab's
+run_id.yml, from roles/plan's ddplab_plan), as the playbooks do. A cheap subset runs for real on a prepared
+cluster (tests/orchestrator/test_limit_simlan.py)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,8 @@ def reads(role: str, names: tuple[str, ...]) -> bool:
 
 
 def test_every_role_with_tasks_of_its_own_shows_an_example():
-    shown = sorted(role for role, play in EXAMPLES.items() if play)
-    # node_prereqs, settings_check and slurm run only inside prepare.yml / validate_inventory.yml / slurm.yml
-    assert len(shown) == 13 and set(EXAMPLES) - set(shown) == {"node_prereqs", "settings_check", "slurm"}
+    # node_prereqs and slurm run only inside roles/prepare and slurm.yml, with what those set before them
+    assert {role for role, play in EXAMPLES.items() if not play} == {"node_prereqs", "slurm"}
 
 
 def test_each_example_lists_the_roles_that_set_what_it_reads():
@@ -54,10 +53,10 @@ def test_each_example_lists_the_roles_that_set_what_it_reads():
             f"{i['name']}:{i.get('tasks_from', '')}" for i in included]
         if reads(role, LAB_FACTS) and "lab_facts" not in names:
             missing.append(f"{role}: lab_facts")
-        if reads(role, RUN_ID_FACTS) and "ddplab:run_id" not in names:
-            missing.append(f"{role}: ddplab run_id")
-        if role != "ddplab" and names[:1] != ["ddplab"]:
-            missing.append(f"{role}: ddplab first")
+        if reads(role, RUN_ID_FACTS) and not {"ddplab:run_id", "plan"} <= set(names):
+            missing.append(f"{role}: plan and ddplab's run_id (the run id)")
+        if "ddplab" not in names:
+            missing.append(f"{role}: ddplab (every setting's default)")
     assert missing == []
 
 
