@@ -5,8 +5,8 @@ The script (ddplab/export_sbatch.sh.j2) checks in the job itself that its Python
 that the shards match the control host's manifest (nodeprobe/hashing.py and the manifest travel inside
 it), then runs one torchrun per node with `srun`: nodes = the inventory's node count, rank 0 on the job's
 first node, GLOO_SOCKET_IFNAME = --iface or each node's interface toward the master. What torchrun runs
-is roles/launch's `launch_trainer_argv`, rendered here by Ansible's templating exactly as for the tmux
-path. `bash FILE check-only` runs the two checks alone, without Slurm.
+and with which of its own flags comes from ddplab/launch_command.py, as for the tmux path (roles/launch).
+`bash FILE check-only` runs the two checks alone, without Slurm.
 
 The script carries ddplab_env's values (secrets, maybe): it is written 0600 from its first byte, and run
 as `sbatch FILE` or `bash FILE check-only`, neither of which needs it executable.
@@ -21,21 +21,19 @@ import argparse
 import json
 import os
 import re
-import secrets
 import sys
-import time
 from pathlib import Path
 
 from ddplab.errors import DdplabError
 from ddplab.inventory import _inventory_list
+from ddplab.launch_command import launch_command
+from ddplab.plan import new_run_id
 from ddplab.settings import validate as settings_validate
 from ddplab.settings.external import CPU_INDEX
 from ddplab.settings.layout import MASTER, NODES
 from trainer.launch_contract import is_run_id
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCH_VARS = REPO / "roles" / "launch" / "vars" / "main.yml"
-LOOKUP_PLUGINS = REPO / "plugins" / "lookup"
 TEMPLATE = Path(__file__).with_name("export_sbatch.sh.j2")
 HASHING = REPO / "nodeprobe" / "hashing.py"
 RANK_PYTHON = REPO / "roles" / "launch" / "templates" / "rank_python.sh.j2"  # torchrun's PYTHON_EXEC
@@ -93,21 +91,6 @@ def templar(variables: dict):
     return Templar(loader=DataLoader(), variables=variables)
 
 
-def trainer_argv(v: dict, lab: dict, run: str) -> tuple[list[str], str]:
-    """(roles/launch's launch_trainer_argv, launch_threads_flag) for this run on the cluster."""
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.plugins.loader import lookup_loader
-    from ansible.template import trust_as_template
-
-    lookup_loader.add_directory(str(LOOKUP_PLUGINS))  # ddplab_trainer_flags, wherever this runs from
-    role_vars = DataLoader().load_from_file(str(LAUNCH_VARS), trusted_as_template=True)
-    t = templar({**v, **role_vars, "ddplab_byo": lab["byo"], "ddplab_run": run,
-                 "ddplab_run_dir": lab["run_dir"], "ddplab_lab": lab,
-                 "launch_resume_run": v["ddplab_resume"]})
-    argv = t.template(trust_as_template("{{ launch_trainer_argv }}"))
-    return [str(a) for a in argv], str(t.template(trust_as_template("{{ launch_threads_flag }}")))
-
-
 def rank_python(run: str, python: str, env: dict) -> str:
     """The launch role's rank_python for this job: each local rank compiles into a folder of its own."""
     from ansible.template import trust_as_template
@@ -126,7 +109,7 @@ def heredoc_end(text: str, word: str) -> str:
 
 
 def job_data(args, v: dict, nodes: list[str]) -> dict:
-    run = args.run_id or v["ddplab_run_id"] or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    run = args.run_id or v["ddplab_run_id"] or new_run_id()
     if not is_run_id(run):
         raise DdplabError(f"--run-id {run!r}: letters, digits, '.', '_' and '-' only; "
                           "pass e.g. --run-id run-1")
@@ -141,7 +124,7 @@ def job_data(args, v: dict, nodes: list[str]) -> dict:
         raise DdplabError(f"--iface {args.iface!r}: not an interface name; pass e.g. --iface eth0, "
                           "or leave it out to use each node's interface toward the master")
     lab = lab_paths(v, root, run)
-    argv, threads_flag = trainer_argv(v, lab, run)
+    command = launch_command(v, lab["pythonpath"], lab["data"], lab["run_dir"], run, v["ddplab_resume"])
     manifest = ""
     if v["ddplab_data_dir"]:
         manifest = json.dumps(json.loads((Path(v["ddplab_data_dir"]) / "manifest.json").read_text()),
@@ -156,8 +139,8 @@ def job_data(args, v: dict, nodes: list[str]) -> dict:
         "root": root, "run_dir": lab["run_dir"], "data_dir": lab["data"], "rank_cwd": lab["rank_cwd"],
         "pythonpath": lab["pythonpath"], "pg_timeout": v["ddplab_pg_timeout"], "iface": args.iface,
         "threads": v["ddplab_threads"], "master_port": v["ddplab_master_port"],
-        "nproc_per_node": v["ddplab_nproc_per_node"], "rdzv_timeout": v["ddplab_rdzv_timeout"],
-        "max_restarts": v["ddplab_max_restarts"], "trainer_argv": argv, "threads_flag": threads_flag,
+        "nproc_per_node": v["ddplab_nproc_per_node"], "torchrun_flags": command["torchrun_flags"],
+        "trainer_argv": command["trainer_argv"], "threads_flag": command["threads_flag"],
         "env": v["ddplab_env"], "manifest": manifest,
         "manifest_end": heredoc_end(manifest, "DDPLAB_MANIFEST"),
         "hashing_py": hashing_py, "hashing_end": heredoc_end(hashing_py, "DDPLAB_HASHING"),

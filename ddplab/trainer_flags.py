@@ -1,9 +1,8 @@
 """The built-in trainer's command line for a launch, from ddplab's settings.
 
 One home for which setting sets which trainer flag; the flags themselves are the trainer's own
-(trainer.cli.command_line spells them from TrainConfig's fields). roles/launch's launch_args (through
-plugins/lookup/ddplab_trainer_flags.py), the settings check (ddplab/settings/external.py) and, through the
-role's variables, `python -m ddplab export sbatch` all build the command line here.
+(trainer.cli.command_line spells them from TrainConfig's fields). ddplab/launch_command.py builds a launch's
+whole command line with them, for roles/launch, `python -m ddplab export sbatch` and the settings check.
 """
 
 from __future__ import annotations

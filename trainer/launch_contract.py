@@ -29,3 +29,4 @@ def is_run_id(text: str) -> bool:
 def new_run_id(now: float | None = None) -> str:
     """run-YYYYmmdd-HHMMSS at `now` (default: the current time), local time."""
     return "run-" + time.strftime(RUN_ID_TIME_FORMAT, time.localtime(now))
+

@@ -48,15 +48,15 @@ def _setup(env: jinja2.Environment) -> jinja2.Environment:
 
 
 @jinja2.pass_context
-def _query(ctx, name: str, **kwargs):
-    """Ansible's query() for the one lookup the launch role uses (plugins/lookup/ddplab_trainer_flags.py),
+def _lookup(ctx, name: str, **kwargs):
+    """Ansible's lookup() for the one lookup the launch role uses (plugins/lookup/ddplab_launch_command.py),
     with the same function behind it."""
-    from ddplab.trainer_flags import EXTRA_ARGS, SETTING_FIELD, launch_flags
+    from ddplab.launch_command import SETTINGS, launch_command
 
-    assert name == "ddplab_trainer_flags", f"query({name!r}) is not rendered without Ansible"
-    settings = {n: ctx.resolve(n) for n in (*SETTING_FIELD, EXTRA_ARGS)}
-    return launch_flags(settings, kwargs["data"], kwargs["out"], kwargs["run_id"],
-                        kwargs.get("resume", False))
+    assert name == "ddplab_launch_command", f"lookup({name!r}) is not rendered without Ansible"
+    settings = {n: ctx.resolve(n) for n in SETTINGS}
+    return launch_command(settings, kwargs["pythonpath"], kwargs["data"], kwargs["run_dir"], kwargs["run_id"],
+                          kwargs.get("resume", False))
 
 
 class _Vars(Mapping):
@@ -67,8 +67,8 @@ class _Vars(Mapping):
         self.env = _setup(NativeEnvironment(undefined=jinja2.StrictUndefined))
 
     def __getitem__(self, key):
-        if key == "query":  # templates are rendered with the play's variables only (shared context)
-            return _query
+        if key == "lookup":  # templates are rendered with the play's variables only (shared context)
+            return _lookup
         if key not in self.done:
             self.done[key] = self._resolve(self.raw[key])
         return self.done[key]

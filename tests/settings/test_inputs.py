@@ -192,14 +192,15 @@ def test_trainer_argv_matches_launch_args():
 # Ansible's templar runs in a child process: importing ansible patches sys.intern, which breaks a later
 # torch._dynamo import in this pytest process.
 RENDER_LAUNCH_ARGS = """
-import json, sys, yaml
+import json, sys
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import lookup_loader
 from ansible.template import Templar, trust_as_template
-lookup_loader.add_directory(sys.argv[3])  # plugins/lookup: ddplab_trainer_flags
-launch_vars = yaml.safe_load(open(sys.argv[1]).read())
-templar = Templar(loader=DataLoader(), variables=json.loads(sys.argv[2]))
-print(json.dumps(list(templar.template(trust_as_template(launch_vars["launch_args"])))))
+lookup_loader.add_directory(sys.argv[3])  # plugins/lookup: ddplab_launch_command
+loader = DataLoader()
+launch_vars = loader.load_from_file(sys.argv[1], trusted_as_template=True)
+templar = Templar(loader=loader, variables={**launch_vars, **json.loads(sys.argv[2])})
+print(json.dumps(list(templar.template(trust_as_template("{{ launch_args }}")))))
 """
 
 
@@ -217,12 +218,8 @@ def test_launch_args_rendered_by_ansible_are_the_argv_the_check_validates(balanc
     given = {"ddplab_trainer_extra_args": ["--lr", "0.01"], "ddplab_balance": balance}
     values, _ = resolve(given, "/r/playbooks")
     repo = Path(__file__).resolve().parents[2]
-    node = {"ddplab_byo": False, "ddplab_lab": {"data": "/r/data/shards"}, "ddplab_run_dir": "run",
-            "ddplab_run": "run-check", "ddplab_trainer_steps": values["ddplab_trainer_steps"],
-            "ddplab_trainer_depth": values["ddplab_trainer_depth"], "ddplab_entrypoint_args": [],
-            "ddplab_pg_timeout": values["ddplab_pg_timeout"], "ddplab_balance": balance,
-            "ddplab_elastic": values["ddplab_elastic"], "ddplab_shard": values["ddplab_shard"],
-            "ddplab_trainer_extra_args": values["ddplab_trainer_extra_args"]}
+    node = {"ddplab_byo": False, "ddplab_lab": {"data": "/r/data/shards", "pythonpath": "/r/code"},
+            "ddplab_run_dir": "run", "ddplab_run": "run-check", **values}
     proc = subprocess.run([sys.executable, "-c", RENDER_LAUNCH_ARGS, str(repo / "roles/launch/vars/main.yml"),
                            json.dumps(node), str(repo / "plugins" / "lookup")],
                           capture_output=True, text=True, timeout=60, check=True)

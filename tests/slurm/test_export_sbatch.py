@@ -71,7 +71,9 @@ def check_only(script: Path) -> subprocess.CompletedProcess:
 RENDER_LAUNCH_SH = """
 import json, sys
 from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import lookup_loader
 from ansible.template import Templar, trust_as_template
+lookup_loader.add_directory(sys.argv[1] + "/plugins/lookup")  # ddplab_launch_command
 loader = DataLoader()
 role_vars = loader.load_from_file(sys.argv[1] + "/roles/launch/vars/main.yml", trusted_as_template=True)
 templar = Templar(loader=loader, variables={**role_vars, **json.loads(sys.argv[2])})
@@ -88,6 +90,7 @@ def launch_sh_trainer_argv(root: Path) -> str:
                  "ddplab_shard": False,
                  "ddplab_trainer_steps": 7, "ddplab_trainer_depth": 2, "ddplab_pg_timeout": 45,
                  "ddplab_trainer_extra_args": [], "ddplab_rdzv_timeout": 60, "ddplab_max_restarts": 0,
+                 "ddplab_code_dir": "", "ddplab_entrypoint": "", "ddplab_entrypoint_args": [],
                  "launch_rank_python": "python"}
     text = subprocess.run([sys.executable, "-c", RENDER_LAUNCH_SH, str(REPO), json.dumps(variables)],
                           capture_output=True, text=True, timeout=60, check=True).stdout
