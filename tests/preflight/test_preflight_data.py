@@ -50,3 +50,13 @@ def test_by_item_keys_a_loops_results_by_their_item():
     assert data.by_item(results, "stdout") == {"node0": "a"}
     assert data.by_item(results) == {"node0": results[0], "node1": results[1]}
     assert data.by_item([]) == {}
+
+
+def test_verdict_argv_names_every_code_tree_include_and_sync_dir():
+    settings = {"data_dir": "/d", "code_subdir": "user", "code_dir": "/c", "dump_dir": "", "repo_dir": "/r",
+                "code_trees": ["trainer", "nodeprobe"], "code_include": ["*.txt"],
+                "sync_dirs": [{"src": "/s", "dest": "extra"}]}
+    assert data.verdict_argv("/py", settings) == [
+        "/py", "-m", "ddplab", "preflight-verdict", "--data-dir=/d", "--code-tree=user=/c", "--dump=",
+        "--code=/r/trainer", "--code=/r/nodeprobe", "--code-include=*.txt",
+        '--sync-dir={"src": "/s", "dest": "extra"}']

@@ -6,6 +6,7 @@
     {{ connect_result | silent_targets }}   -> the names `nodeprobe connect` could not reach
     {{ loop_results | by_item }}            -> {item: its result} of a loop's registered results
     {{ loop_results | by_item('stdout') }}  -> {item: its stdout}, for the results that have one
+    {{ python | verdict_argv(settings) }}   -> `python -m ddplab preflight-verdict`'s command line
 """
 
 from __future__ import annotations
@@ -66,7 +67,18 @@ def by_item(results: list[dict], field: str | None = None) -> dict:
     return {r["item"]: r[field] for r in results or [] if field in r}
 
 
+def verdict_argv(python: str, s: dict) -> list[str]:
+    """The verdict's command line on the control host (without --gate/--out), from the role's settings `s`:
+    data_dir, code_subdir, code_dir, dump_dir ("" = no dump), repo_dir, code_trees (compared with the nodes'),
+    code_include, sync_dirs."""
+    return ([python, "-m", "ddplab", "preflight-verdict", f"--data-dir={s['data_dir']}",
+             f"--code-tree={s['code_subdir']}={s['code_dir']}", f"--dump={s['dump_dir']}"]
+            + [f"--code={s['repo_dir']}/{tree}" for tree in s["code_trees"]]
+            + [f"--code-include={pattern}" for pattern in s["code_include"]]
+            + [f"--sync-dir={json.dumps(d)}" for d in s["sync_dirs"]])
+
+
 class FilterModule:
     def filters(self):
         return {"per_host": per_host, "ssh_targets": ssh_targets, "silent_targets": silent_targets,
-                "by_item": by_item}
+                "by_item": by_item, "verdict_argv": verdict_argv}
