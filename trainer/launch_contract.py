@@ -2,8 +2,8 @@
 
 Stdlib only and free of torch: ddplab imports it on the control host (trainer/ is part of every checkout),
 the trainer on the nodes (this file is synced with trainer/); nothing here imports ddplab, which never
-leaves the control host. roles/ddplab/tasks/run_id.yml checks and makes run ids through plugins that import
-this file (roles/ddplab/test_plugins/run_id.py, plugins/lookup/ddplab_new_run_id.py).
+leaves the control host. ddplab/plan.py makes and checks a command's run id with it (run_id.yml reads the
+plan's pattern, spelled here).
 """
 
 from __future__ import annotations
