@@ -27,7 +27,7 @@ HOMES = {
     "run-id form": (re.escape(RUN_ID), "trainer/launch_contract.py"),
     "torch pin": (rf"""["']{re.escape(PIN)}["']|=={re.escape(PIN)}""", "ddplab/settings/spec.py"),
     "CPU wheel index": (re.escape(CPU_INDEX), "ddplab/settings/external.py"),
-    "process-group timeout": (rf"(?i)pg_timeout\w*\s*[:=]\s*(float\()?{PG_TIMEOUT_S}\b",
+    "process-group timeout": (rf"(?i)pg_timeout\w*\s*(:\s*float\s*)?[:=]\s*(float\()?{PG_TIMEOUT_S}\b",
                               "trainer/launch_contract.py"),
 }
 
