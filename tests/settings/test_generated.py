@@ -29,7 +29,7 @@ def test_example_inventory_documents_every_run_setting():
 def test_every_name_the_roles_use_is_known():
     """A ddplab_* variable read anywhere in roles/, playbooks/ or inventory/ is a setting or a fact."""
     groups = {"ddplab_nodes", "ddplab_master", "ddplab_workers", "ddplab_gone"}
-    plugins = {p.stem for p in (REPO / "plugins").rglob("ddplab_*.py")}  # lookup('ddplab_launch_command', ...)
+    plugins = {p.stem for p in (REPO / "plugins").rglob("ddplab_*.py")}  # lookup('ddplab_constant', ...)
     used = set()
     for folder in ("roles", "playbooks", "inventory"):
         for path in (REPO / folder).rglob("*"):
