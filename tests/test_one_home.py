@@ -1,6 +1,6 @@
 """Each constant has one home: a second copy of the run-id form, the torch pin, the CPU wheel index, the
 process-group timeout, anywhere in the code, roles, playbooks or inventories, or a setting's default restated
-in a role, fails here (the files generated from the settings spec are copies by construction,
+in a role or playbook, fails here (the files generated from the settings spec are copies by construction,
 tests/settings/test_generated.py)."""
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ def test_pyproject_pins_the_settings_torch():
     assert f"torch=={PIN}" in deps
 
 
-def test_no_role_restates_a_settings_default():
-    """Every play lists role ddplab first (its defaults are the spec's): a role that writes
+def test_no_role_or_playbook_restates_a_settings_default():
+    """Every play lists role ddplab (its defaults are the spec's): a role or playbook that writes
     `ddplab_x | default(...)` keeps a second default that drifts. Host settings have no run-wide default."""
     names = "|".join(s.name for s in SETTINGS if s.section != HOST)
-    again = [f"{p}: {m.group(0)}" for p, text in TEXTS.items() if p.parts[0] == "roles"
+    again = [f"{p}: {m.group(0)}" for p, text in TEXTS.items() if p.parts[0] in ("roles", "playbooks")
              for m in re.finditer(rf"(?<![.\w])({names})\s*\|\s*default\(", text)]
     assert again == []
