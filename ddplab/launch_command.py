@@ -1,6 +1,7 @@
 """torchrun's command line for a launch, built once for every way a run starts: roles/launch's launch.sh
-(tmux, and the same file under Slurm) through plugins/lookup/ddplab_launch_command.py, `python -m ddplab
-export sbatch` and the settings check (ddplab/settings/external.py) all take it from ``launch_command``.
+(tmux, and the same file under Slurm) through plugins/lookup/ddplab_launch_command.py and `python -m ddplab
+export sbatch` take it from ``launch_command`` (the settings check, ddplab/settings/external.py, checks the
+trainer's part: ddplab/trainer_flags.py).
 
 What torchrun runs is the built-in trainer (``-m trainer`` with the flags ddplab/trainer_flags.py builds) or,
 with ddplab_code_dir, ``ddplab_entrypoint`` ("-m pkg.mod", or a script relative to the code folder) with

@@ -2,7 +2,8 @@
 
 One home for which setting sets which trainer flag; the flags themselves are the trainer's own
 (trainer.cli.command_line spells them from TrainConfig's fields). ddplab/launch_command.py builds a launch's
-whole command line with them, for roles/launch, `python -m ddplab export sbatch` and the settings check.
+whole command line with them (roles/launch, `python -m ddplab export sbatch`); the settings check uses them
+directly.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checks that ask another authority: the trainer's own config validation, and the torch wheel sources.
 
 - Trainer flags (built-in trainer only) are checked by `trainer.config` itself, imported here, with the
-  argv every launch builds (ddplab/launch_command.py, and --threads as launch.sh adds it), so
+  flags every launch gives it (ddplab/trainer_flags.py, and --threads as launch.sh adds it), so
   the trainer's rules live once.
 - The torch pin is known good when it is the control host's own torch; otherwise the configured wheel
   folder is listed, or pip is asked once (`pip index versions torch`) with a short timeout. An index
@@ -19,9 +19,8 @@ import re
 import subprocess
 import sys
 
-from ddplab.launch_command import launch_command
 from ddplab.settings.problems import Problem
-from ddplab.trainer_flags import FLAG_SETTING
+from ddplab.trainer_flags import FLAG_SETTING, launch_flags
 
 # The index of torch's CPU wheels (PyPI's Linux torch is the CUDA one): torch_env's extra index (through the
 # lookup ddplab_constant), `make wheelhouse`'s and `export sbatch`'s.
@@ -30,11 +29,12 @@ PIP_TIMEOUT_S = 8
 
 
 def trainer_argv(v: dict) -> list[str]:
-    """The built-in trainer's flags as a launch gives them (ddplab/launch_command.py; placeholders for node
-    paths), with the thread count launch.sh adds."""
-    command = launch_command({**v, "ddplab_code_dir": ""}, "code", v["ddplab_data_dir"] or "data", "run",
-                             v["ddplab_run_id"] or "run-check", v["ddplab_resume"])
-    return command["args"] + [command["threads_flag"], str(v["ddplab_threads"] or 1)]
+    """The built-in trainer's flags as a launch gives them (ddplab/trainer_flags.py, through
+    ddplab/launch_command.py; placeholders for node paths), with the thread count launch.sh adds. Only the
+    trainer's settings are read: a bad value of another one is said by its own check."""
+    argv = launch_flags(v, v["ddplab_data_dir"] or "data", "run/out", v["ddplab_run_id"] or "run-check",
+                        v["ddplab_resume"])
+    return argv + ["--threads", str(v["ddplab_threads"] or 1)]
 
 
 def trainer_message(argv: list[str]) -> str | None:
