@@ -3,9 +3,11 @@
 The master ran the entry point as 2 CPU ranks over loopback gloo (nodeprobe/code_smoke.py) and printed
 what it saw; this reads that JSON on stdin and says, in one message naming the node, the place and the
 patch, whether the ranks may start. The static CPU check (ddplab/code_check.py) adds its hint for the
-same place where it has one. The smoke run decides: code that trained passes whatever the scan guessed
-(a scan error it contradicts is shown as a note); only when the smoke run could not judge (the time ran
-out before a rank made an optimizer step) do the scan's errors refuse, as they do with the smoke run off.
+same place where it has one. The smoke run decides: code that trained passes whatever the scan guessed.
+A scan error whose line ran (the JSON's ``ran``: the lines of the user's files that ran on a smoke rank)
+is contradicted and shown as a note; one whose line never ran is still a guess, shown as a warning. Only
+when the smoke run could not judge (the time ran out before a rank made an optimizer step) do the scan's
+errors refuse, as they do with the smoke run off.
 Exit 0: the ranks may start; 1: refused; 2: bad input.
 """
 
@@ -22,17 +24,28 @@ from ddplab.errors import DdplabError
 HINT_KINDS = {"no-group": {"pg-only-on-cuda", "nccl"}, "bad-group": {"nccl", "pg-only-on-cuda"},
               "no-collectives": {"ddp-device-ids", "pg-only-on-cuda"}, "crash": set(), "disagree": set(),
               "no-training": {"cuda-required"}, "rank-layout": set(), "missing-module": {"cuda-import"},
-              "shard-layout": set(), "shard-cover": set()}
+              "shard-layout": set(), "shard-cover": set(), "download": set()}
 
 
-def hints_for(problem: dict, findings: list[Finding]) -> list[Finding]:
-    """The scan's findings of the kinds that explain the problem and its errors at the problem's place;
-    failing those, its warnings there."""
+def line_ran(result: dict, path: str, line: int) -> bool:
+    """Whether `path`:`line` ran on a smoke rank (the JSON's ``ran``: {file: "1-5,7"})."""
+    for part in filter(None, (result.get("ran") or {}).get(path, "").split(",")):
+        first, _, last = part.partition("-")
+        if int(first) <= line <= int(last or first):
+            return True
+    return False
+
+
+def hints_for(problem: dict, findings: list[Finding], result: dict | None = None) -> list[Finding]:
+    """The scan's findings of the kinds that explain the problem (those whose line ran, when any did) and
+    its errors at the problem's place; failing those, its warnings there."""
     at = [f for f in findings if problem.get("where") and f"{f.path}:{f.line}" == problem["where"]]
     kinds = set(HINT_KINDS.get(problem["kind"], set()))
     if problem["kind"] == "crash" and "process group" in problem["what"]:
         kinds.add("pg-only-on-cuda")  # a collective without a group: the group was made on CUDA only
     hints = [f for f in findings if f.kind in kinds]
+    reached = [f for f in hints if line_ran(result or {}, f.path, f.line)]
+    hints = reached or hints
     if problem["kind"] == "missing-module":  # the scan's word on that package only
         hints = [f for f in hints if f"import {problem.get('module')}" in f.what]
     hints += [f for f in at if f.severity == "error" and f not in hints]
@@ -61,6 +74,53 @@ def summary(result: dict) -> str:
             f"ranks, {min(ops, default=0)}+ collectives before the first step{compiled}")
 
 
+def pass_said(result: dict, problem: dict) -> str:
+    """Which pass of a whole smoke run failed (the second resumes from the first's checkpoint)."""
+    if problem.get("pass") != "resume":
+        return "; the whole run with ddplab_smoke_args" if result.get("whole") else ""
+    second = (result.get("passes") or [{}, {}])[-1]
+    saved = ", ".join((result.get("passes") or [{}])[0].get("checkpoints") or []) or "its checkpoint"
+    return (f"; the second pass, which resumed from {saved} with arguments "
+            f"{' '.join(second.get('args') or []) or '(none)'}")
+
+
+def passes_said(result: dict) -> str:
+    """What a whole smoke run ran, for its pass line."""
+    done = result.get("passes") or []
+    if not result.get("whole") or not done:
+        return ""
+    said = f"; it ran to its end with ddplab_smoke_args ({done[0]['seconds']:g} s)"
+    if len(done) > 1:
+        said += (f" and again resuming from {', '.join(done[0]['checkpoints'])} ({done[1]['seconds']:g} s, "
+                 f"arguments {' '.join(done[1]['args']) or '(none)'})")
+    else:
+        said += "; it saved no checkpoint (torch.save), so no resume was tried"
+    return said
+
+
+def scan_notes(result: dict, errors: list[Finding]) -> list[str]:
+    """After a pass, the scan's errors: contradicted where their line ran, still standing where not."""
+    lines = []
+    for f in errors:
+        if line_ran(result, f.path, f.line):
+            lines.append(f"ddplab: note: the CPU check's guess {f.path}:{f.line} ({f.what}) is contradicted: "
+                         "the smoke run ran that line")
+        else:
+            lines.append(f"ddplab: warning: {f.path}:{f.line} ({f.what}) never ran in the smoke run: the CPU "
+                         f"check's error stands where the run gets there; patch: {f.patch}"
+                         + ("" if result.get("whole") else " (ddplab_smoke_args runs the whole script, its "
+                            "evaluation and checkpoint too)"))
+    return lines
+
+
+def fetch_notes(result: dict) -> list[str]:
+    """After a pass, the hosts the code downloaded from (each node will, at every start)."""
+    return [f"ddplab: note: rank {f['rank']} looked up {f['host']}"
+            + (f" at {f['where']['file']}:{f['where']['line']}" if f.get("where") else "")
+            + ": every node downloads from it at every start, and a node with no route to it fails there; "
+            "ship the file in ddplab_code_include or ddplab_sync_dirs" for f in result.get("fetches") or []]
+
+
 def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tuple[int, list[str]]:
     """(exit code, lines) for the smoke run's result on `node`."""
     verdict, seconds = result.get("verdict"), result.get("seconds", 0)
@@ -74,10 +134,8 @@ def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tupl
                    "not run again"]
     if verdict == "pass":
         said = f"passed; note: {result['note']}" if result.get("note") else summary(result)
-        lines = [f"ddplab: {what}, {seconds:g} s): {said}"]
-        lines += [f"ddplab: note: the CPU check's guess {f.path}:{f.line} ({f.what}) is contradicted: "
-                  "the smoke run trained past it" for f in errors]
-        return 0, lines
+        return 0, [f"ddplab: {what}, {seconds:g} s): {said}{passes_said(result)}",
+                   *scan_notes(result, errors), *fetch_notes(result)]
     if verdict == "inconclusive":
         lines = [f"ddplab: warning: {what}, {seconds:g} s) could not judge: {result.get('note', '')}"]
         if errors:
@@ -88,12 +146,15 @@ def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tupl
             return 1, lines
         return 0, lines
     first = result["problems"][0]
-    place = f" at {first['where']}" if first.get("where") else ""
-    hints = hints_for(first, findings)
+    hints = hints_for(first, findings, result)
+    where = first.get("where") or next((f"{f.path}:{f.line} (the CPU check's place)" for f in hints
+                                        if line_ran(result, f.path, f.line)), None)
+    place = f" at {where}" if where else ""
     fix = first["fix"]
     if first["kind"] == "missing-module" and any(f.kind == "cuda-import" for f in hints):
         fix = f"{first['module']} needs a GPU, do without it on CPU"  # installing it would not help
-    message = f"ddplab: error: {what}, {seconds:g} s): {first['what']}{place}; patch: {fix}"
+    message = (f"ddplab: error: {what}, {seconds:g} s{pass_said(result, first)}): {first['what']}{place}; "
+               f"patch: {fix}")
     if hints:
         message += "; the CPU check: " + " | ".join(
             f"{f.path}:{f.line}: {f.what}; patch: {f.patch}" for f in hints)

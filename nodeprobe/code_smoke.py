@@ -17,13 +17,20 @@ to 127.0.0.1 and a store process serves it (torchrun --standalone's store listen
 the ranks dial it (TORCHELASTIC_USE_AGENT_STORE) and gloo binds to ``lo`` (GLOO_SOCKET_IFNAME). Every
 process it starts is in one process group, killed at the end, on timeout too.
 
+With ``whole_args`` (ddplab_smoke_args) the ranks run the entry point with those arguments to its end
+(each rank must exit 0; no stop after ``steps``), and when a rank saved a file with torch.save (a
+checkpoint), a second pass in the same scratch copy runs it with ``resume_args`` (default: the same
+arguments again, for code that resumes when it finds its checkpoint), which must exit 0 too. Each pass
+has ``seconds``. The result says which lines of the user's files ran (``ran``, over both passes and
+ranks), the checkpoints and the hosts the code looked up.
+
 A pass is remembered in ``cache`` (the lab folder) under a key of the code hash, entry point, arguments,
 ``ddplab_env``, the torch version and this probe's own source: a relaunch of unchanged code skips it.
 The ranks see the run's layout (``layout``: ``nodes``, the run's node count) and compile into folders
 of their own (``compile_cache``), kept after a pass.
 
 Spec keys: python, src, scratch, entrypoint, args, user_env, lab_env, workdir, seconds, steps, threads,
-cache, code_hash_file, nodes, compile_cache.
+cache, code_hash_file, nodes, compile_cache, whole_args, resume_args.
 """
 
 from __future__ import annotations
@@ -56,6 +63,14 @@ MAX_COMPILE_S = 1200.0
 CACHE_KEEP = 32
 RANK_SCRIPT = Path(__file__).with_name("smoke_rank.py")
 MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+# exception types (or their causes) of a download that found no route, and the words of one in a message
+NETWORK_ERRORS = {"URLError", "gaierror", "ConnectionError", "ConnectTimeout", "ConnectError",
+                  "NewConnectionError", "NameResolutionError", "MaxRetryError", "ConnectTimeoutError",
+                  "LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectionRefusedError",
+                  "ConnectionResetError", "TimeoutError", "timeout"}
+NETWORK_WORDS = re.compile(r"name resolution|Name or service not known|Network is unreachable|No route to "
+                           r"host|nodename nor servname|getaddrinfo failed|couldn't connect to|Failed to "
+                           r"resolve|Connection refused", re.I)
 # import names whose package on PyPI is named otherwise (the fix for a missing module names the package)
 PIP_NAMES = {"yaml": "PyYAML", "cv2": "opencv-python", "sklearn": "scikit-learn", "PIL": "Pillow",
              "skimage": "scikit-image", "bs4": "beautifulsoup4", "dateutil": "python-dateutil",
@@ -217,15 +232,17 @@ def rank_argv(spec: dict, report: Path, steps: int) -> list[str]:
     return [spec["python"], str(RANK_SCRIPT), "rank", str(report), str(steps), "--", *entry]
 
 
-def run_ranks(spec: dict, scratch: Path) -> dict:
+def run_ranks(spec: dict, scratch: Path, name: str = "run") -> dict:
     """Start the store and the ranks (``world``, default 2), watch their reports, end them all; what each
-    rank recorded."""
-    code, run_dir, reports, logs = (scratch / d for d in ("code", "run", "report", "logs"))
+    rank recorded. ``spec["args"]`` are the entry point's; ``steps`` 0 lets the ranks run to their end.
+    The scratch copy of the code is made by the first pass; a later one (``name``) runs in it as left."""
+    code, run_dir, reports, logs = (scratch / d for d in ("code", "run", f"report-{name}", f"logs-{name}"))
+    copied = None if code.exists() else copy_tree(Path(spec["src"]), code)
     for d in (code, run_dir, reports, logs):
         d.mkdir(exist_ok=True)
-    copied = copy_tree(Path(spec["src"]), code)
     cwd = code if spec.get("workdir", "code") == "code" else run_dir
-    python, seconds, steps = spec["python"], float(spec.get("seconds") or 90), int(spec.get("steps") or 2)
+    steps = int(spec["steps"]) if spec.get("steps") is not None else 2
+    python, seconds = spec["python"], float(spec.get("seconds") or 90)
     world = int(spec.get("world") or WORLD)
     sock = loopback_socket()
     port = sock.getsockname()[1]
@@ -276,6 +293,7 @@ def run_ranks(spec: dict, scratch: Path) -> dict:
         out.append(rec)
     return {"ranks": out, "timed_out": timed_out, "seconds": round(time.monotonic() - start, 1),
             "steps_wanted": steps, "limit_s": seconds, "files": copied, "compile_s": round(compiled, 1),
+            "name": name, "args": list(map(str, spec.get("args") or [])),
             "store_log": tail(logs / "store.log", 5) if procs[0].returncode not in (None, -9) else []}
 
 
@@ -294,14 +312,45 @@ def compiling(run: dict) -> str:
     return f" (besides {run['compile_s']:g} s of torch.compile)" if run.get("compile_s") else ""
 
 
-def judge(run: dict) -> dict:
+def download(rank: dict) -> dict | None:
+    """The look-up a rank's error came from, when the error is a download that found no route: the last
+    host the rank looked up before it (with the user's line), else the host named in the message."""
+    err = rank["error"]
+    typed = bool(NETWORK_ERRORS & set(err.get("causes") or [err["type"]]))
+    worded = bool(NETWORK_WORDS.search(err["message"]))
+    fetches = [f for f in rank.get("fetches") or [] if f.get("t", 0) <= err.get("t", float("inf"))]
+    if not ((fetches and (typed or worded)) or (typed and worded)):
+        return None
+    if fetches:
+        return fetches[-1]
+    named = re.search(r"(?:https?://|host=')([A-Za-z0-9.-]+)", err["message"])
+    return {"host": named.group(1) if named else "a host on the network", "where": None}
+
+
+def no_route(rank: dict, fetch: dict) -> dict:
+    err = rank["error"]
+    return problem(
+        "download", f"rank {rank['rank']} could not download from {fetch['host']} "
+        f"({err['type']}: {err['message'][:200]})", f"the nodes may have no route to {fetch['host']} (this "
+        "one had none): fetch it once on the control host and ship it with the code, in ddplab_code_include "
+        "(files inside ddplab_code_dir that git ignores: data shards, a tokenizer) or ddplab_sync_dirs (a "
+        "folder outside it), and have the code read that copy (for the Hugging Face hub: HF_HOME pointing "
+        "at it and HF_HUB_OFFLINE=1 in ddplab_env)", rank["rank"], fetch.get("where") or err.get("where")) \
+        | {"host": fetch["host"]}
+
+
+def judge(run: dict, whole: bool = False, resume: bool = False) -> dict:
     """The verdict on what the ranks recorded: pass, fail (problems, the first is the cause) or
-    inconclusive (the time ran out before a rank made an optimizer step)."""
+    inconclusive (the time ran out before a rank made an optimizer step, or with ``whole`` before the ranks
+    ended). ``resume``: the second pass of a whole run, which may end without a step of its own."""
     ranks, wanted = run["ranks"], run["steps_wanted"]
     errors = sorted((r for r in ranks if r.get("error")), key=lambda r: r["error"].get("t", 0))
     if errors:
         first = errors[0]
         err = first["error"]
+        fetch = download(first)
+        if fetch:
+            return {"verdict": "fail", "problems": [no_route(first, fetch)]}
         missing = MISSING_MODULE.search(err["message"]) if err["type"] == "ModuleNotFoundError" else None
         if missing:
             top = missing.group(1).split(".")[0]
@@ -338,6 +387,8 @@ def judge(run: dict) -> dict:
                 f"no rank made an optimizer step within {run['limit_s']:g} s{compiling(run)}; nothing was "
                 "judged "
                 "(raise ddplab_smoke_seconds to let it reach one)")}
+        if resume:
+            return {"verdict": "pass", "problems": [], "note": "the resumed ranks exited 0 without a step"}
         if all(grouped(r) and max(r.get("ops") or 0, sum((r.get("calls") or {}).values())) for r in ranks):
             return {"verdict": "pass", "problems": [], "note": (
                 "the ranks exited 0 after collectives on a gloo group of 2 but made no torch.optim step: "
@@ -374,6 +425,11 @@ def judge(run: dict) -> dict:
         problems += disagreements(stepped)
     if problems:
         return {"verdict": "fail", "problems": problems}
+    if whole and run["timed_out"]:
+        return {"verdict": "inconclusive", "problems": [], "note": (
+            f"the ranks trained but did not reach the end of the run within {run['limit_s']:g} s"
+            f"{compiling(run)} (raise "
+            "ddplab_smoke_seconds or shorten ddplab_smoke_args)")}
     short = len(stepped) < WORLD or min(len(r["steps"]) for r in stepped) < wanted
     if short and run["timed_out"]:
         return {"verdict": "inconclusive", "problems": [], "note": (
@@ -439,6 +495,8 @@ def cache_key(spec: dict) -> str:
              "env": {str(k): str(v) for k, v in (spec.get("user_env") or {}).items()},
              "workdir": spec.get("workdir", "code"), "torch": torch_version(), "python": spec["python"],
              "steps": int(spec.get("steps") or 2), "probe": own,
+             "whole": list(map(str, spec.get("whole_args") or [])),
+             "resume": list(map(str, spec.get("resume_args") or [])),
              "layout": [layout(spec, r) for r in range(int(spec.get("world") or WORLD))]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -458,6 +516,66 @@ def remember(path: str, key: str) -> None:
     os.replace(tmp, path)
 
 
+def ranges(lines) -> str:
+    """Sorted line numbers as "1-5,7,9-12"."""
+    out: list[list[int]] = []
+    for n in sorted(set(lines)):
+        if out and n == out[-1][1] + 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
+
+
+def ran_lines(runs: list[dict]) -> dict[str, str]:
+    """The lines of each user file that ran on any rank of any pass."""
+    by_file: dict[str, set[int]] = {}
+    for run in runs:
+        for rank in run["ranks"]:
+            for rel, lines in (rank.get("lines") or {}).items():
+                by_file.setdefault(rel, set()).update(lines)
+    return {rel: ranges(lines) for rel, lines in sorted(by_file.items())}
+
+
+def checkpoints(run: dict, code: Path) -> list[str]:
+    """The files the ranks saved with torch.save that are still there (relative to the code copy when
+    inside it)."""
+    out = []
+    for rank in run["ranks"]:
+        for saved in rank.get("saved") or []:
+            path = Path(saved["path"])
+            if path.is_file():
+                rel = os.path.relpath(path, code) if path.is_relative_to(code) else str(path)
+                out += [rel] if rel not in out else []
+    return out
+
+
+def ranks_summary(run: dict) -> list[dict]:
+    return [{k: r.get(k) for k in ("rank", "init", "ddp", "calls", "ops", "returncode", "exit", "done")}
+            | {"steps": len(r.get("steps") or []), "shards": (r.get("steps") or [{}])[-1].get("shards"),
+               "ops_before_first_step": (r.get("steps") or [{}])[0].get("ops"),
+               "error": {k: v for k, v in (r.get("error") or {}).items() if k != "traceback"} or None,
+               "traceback": (r.get("error") or {}).get("traceback"), "log_tail": r.get("log_tail")}
+            for r in run["ranks"]]
+
+
+def passes(spec: dict, scratch: Path) -> list[tuple[dict, dict]]:
+    """(run, verdict) of each pass: the entry point stopped after ``steps``; or, with ``whole_args``, the
+    whole short run, then the pass that resumes from the checkpoint it saved."""
+    whole = spec.get("whole_args")
+    if not whole:
+        run = run_ranks(spec, scratch)
+        return [(run, judge(run))]
+    first = run_ranks({**spec, "args": whole, "steps": 0}, scratch)
+    done = [(first, judge(first, whole=True))]
+    saved = checkpoints(first, scratch / "code")
+    if done[0][1]["verdict"] == "pass" and saved:
+        again = run_ranks({**spec, "args": spec.get("resume_args") or whole, "steps": 0}, scratch, "resume")
+        again["resumed_from"] = saved
+        done.append((again, judge(again, whole=True, resume=True)))
+    return done
+
+
 def code_smoke(spec: dict) -> dict:
     key = cache_key(spec)
     if spec.get("cache") and cached(spec["cache"], key):
@@ -465,24 +583,28 @@ def code_smoke(spec: dict) -> dict:
     scratch = Path(spec["scratch"])
     make_scratch(scratch)
     try:
-        run = run_ranks(spec, scratch)
+        done = passes(spec, scratch)
+        saved = [checkpoints(run, scratch / "code") for run, _ in done]
     finally:
         remove_scratch(scratch)
-    verdict = judge(run)
+    run, verdict = next(((r, v) for r, v in done if v["verdict"] != "pass"), done[-1])
     if verdict["verdict"] == "pass" and spec.get("cache"):
         remember(spec["cache"], key)
     if verdict["verdict"] != "pass":
         drop_compile_caches(spec)
-    ranks = [{k: r.get(k) for k in ("rank", "init", "ddp", "calls", "ops", "returncode", "exit", "done")}
-             | {"steps": len(r.get("steps") or []), "shards": (r.get("steps") or [{}])[-1].get("shards"),
-                "ops_before_first_step": (r.get("steps") or [{}])[0].get("ops"),
-                "error": {k: v for k, v in (r.get("error") or {}).items() if k != "traceback"} or None,
-                "traceback": (r.get("error") or {}).get("traceback"), "log_tail": r.get("log_tail")}
-             for r in run["ranks"]]
-    return {"probe": "code-smoke", **verdict, "seconds": run["seconds"], "timed_out": run["timed_out"],
-            "compile_s": run["compile_s"],
-            "limit_s": run["limit_s"], "steps_wanted": run["steps_wanted"], "files": run["files"],
-            "ranks": ranks, "key": key}
+    for problem_ in verdict["problems"]:
+        problem_["pass"] = run["name"]
+    fetches = [f | {"rank": r["rank"]} for past, _ in done for r in past["ranks"]
+               for f in r.get("fetches") or []]
+    return {"probe": "code-smoke", **verdict, "seconds": round(sum(r["seconds"] for r, _ in done), 1),
+            "timed_out": run["timed_out"], "compile_s": round(sum(r.get("compile_s", 0) for r, _ in done), 1),
+            "limit_s": run["limit_s"], "steps_wanted": run["steps_wanted"],
+            "files": done[0][0]["files"], "ranks": ranks_summary(run), "key": key,
+            "whole": bool(spec.get("whole_args")),
+            "passes": [{"name": r["name"], "args": r["args"], "verdict": v["verdict"],
+                        "seconds": r["seconds"], "checkpoints": c}
+                       for (r, v), c in zip(done, saved, strict=True)],
+            "ran": ran_lines([r for r, _ in done]), "fetches": fetches}
 
 
 def stop_on_signal(signum, _frame):

@@ -2,6 +2,7 @@
 
     python smoke_rank.py store FD                         # holds the run's TCPStore on a bound socket
     python smoke_rank.py rank REPORT STEPS -- ENTRY ARGS  # one rank: the user's entry point under watch
+                                                          # (STEPS 0: to its end)
 
 ``rank`` runs the entry point (``-m pkg.mod`` or a script path) with runpy and ``sys.argv`` as torchrun
 would give it, and records in REPORT (JSON, rewritten at each event): whether
@@ -12,9 +13,14 @@ on gloo and a one-bucket model, building DDP moved the number by 3, the first ba
 second by 3, when DDP rebuilds its buckets); how many DDP
 models were built; after each optimizer step (torch's global step post-hook, which every
 ``torch.optim.Optimizer`` subclass runs) a sha256 of that optimizer's parameters (of those FSDP2
-shards: their layout and this rank's part, see params_digest); and the first exception,
-with its frames. After STEPS optimizer steps the rank records ``done`` and sleeps: the
-launcher, which sees every rank's report, ends the process group.
+shards: their layout and this rank's part, see params_digest); and the first exception, with its frames
+(and the types of its causes); the lines of the user's files that ran (``sys.settrace``, for frames of
+files under the code folder only: a finding of the static check is settled only where its line ran); the
+files ``torch.save`` wrote (a checkpoint: the smoke run resumes from it); and the hosts the code looked up
+(``socket.getaddrinfo`` for a name that is not loopback: a download, which the nodes may have no route
+to), each with the user's line. After STEPS optimizer steps the rank records ``done`` and sleeps: the
+launcher, which sees every rank's report, ends the process group; with STEPS 0 the entry point runs to
+its end.
 
 ``store`` hosts the rendezvous as torchrun's agent does (the ranks run with
 TORCHELASTIC_USE_AGENT_STORE=True, so init_process_group connects as a client and no rank opens a store
@@ -75,6 +81,45 @@ def layout_mismatch(args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+DIGEST_STEPS = 16  # optimizer steps whose parameters are hashed (a whole run may make many; later ones count)
+KEEP_EVENTS = 8  # checkpoints and look-ups kept per rank
+LOOPBACK = ("localhost", "127.", "::1", "0.0.0.0", "ip6-localhost")
+
+
+class Lines:
+    """The lines of the user's files that ran (``sys.settrace``; frames of other files are not traced, so
+    torch's own code runs at nearly full speed). Threads started after ``start`` are traced too; forked
+    data-loader workers are not reported."""
+
+    def __init__(self, code_root: str):
+        self.root = code_root + os.sep
+        self.ran: set[tuple[str, int]] = set()
+        self.user: dict = {}  # code object -> its file relative to the code folder, or None
+
+    def line(self, frame, event, _arg):
+        if event == "line":
+            self.ran.add((self.user[frame.f_code], frame.f_lineno))
+        return self.line
+
+    def call(self, frame, _event, _arg):
+        code = frame.f_code
+        rel = self.user.get(code, 0)
+        if rel == 0:
+            path = os.path.realpath(code.co_filename) if os.path.isabs(code.co_filename) else ""
+            rel = self.user[code] = os.path.relpath(path, self.root) if path.startswith(self.root) else None
+        return self.line if rel else None
+
+    def start(self) -> None:
+        threading.settrace(self.call)
+        sys.settrace(self.call)
+
+    def report(self) -> dict[str, list[int]]:
+        by_file: dict[str, set[int]] = {}
+        for rel, line in list(self.ran):
+            by_file.setdefault(rel, set()).add(line)
+        return {rel: sorted(lines) for rel, lines in sorted(by_file.items())}
+
+
 class Recorder:
     """What one rank did, written to its report file after every event."""
 
@@ -82,10 +127,41 @@ class Recorder:
         self.path, self.steps_wanted, self.code_root = path, steps_wanted, os.path.realpath(code_root)
         self.lock = threading.Lock()
         self.local = threading.local()
+        self.lines = Lines(self.code_root)
         self.rec = {"rank": int(os.environ.get("RANK", "-1")), "pid": os.getpid(), "start": time.time(),
                     "init": None, "ddp": 0, "calls": {}, "ops": 0, "steps": [], "error": None, "exit": None,
-                    "done": False}
+                    "done": False, "saved": [], "fetches": [], "lines": {}}
         self.write()
+
+    def user_place(self) -> dict | None:
+        """The innermost frame of the user's code on the current stack."""
+        for f in reversed(traceback.extract_stack()):
+            path = os.path.realpath(f.filename) if os.path.isabs(f.filename) else ""
+            if path.startswith(self.code_root + os.sep):
+                return {"file": os.path.relpath(path, self.code_root), "line": f.lineno}
+        return None
+
+    def on_save(self, target) -> None:
+        """torch.save wrote `target` (a path, or a file object with a name)."""
+        name = getattr(target, "name", target)
+        if not isinstance(name, (str, os.PathLike)):
+            return
+        path = os.path.abspath(os.fspath(name))
+        with self.lock:
+            if path not in [s["path"] for s in self.rec["saved"]] and len(self.rec["saved"]) < KEEP_EVENTS:
+                self.rec["saved"].append({"path": path, "where": self.user_place()})
+                self.write()
+
+    def on_lookup(self, host) -> None:
+        """The code looked up `host` (a download: gloo's and the store's own connections are not Python's)."""
+        host = host.decode() if isinstance(host, bytes) else str(host or "")
+        if not host or host.startswith(LOOPBACK) or host == os.environ.get("MASTER_ADDR"):
+            return
+        with self.lock:
+            known = [f["host"] for f in self.rec["fetches"]]
+            if host not in known and len(known) < KEEP_EVENTS:
+                self.rec["fetches"].append({"host": host, "where": self.user_place(), "t": time.time()})
+                self.write()
 
     def write(self) -> None:
         tmp = f"{self.path}.tmp"
@@ -143,13 +219,15 @@ class Recorder:
             self.write()
 
     def on_step(self, optimizer) -> None:
-        digest, shards = params_digest(optimizer)
+        digest, shards = params_digest(optimizer) if len(self.rec["steps"]) < DIGEST_STEPS else (None, None)
         with self.lock:
             self.rec["steps"].append({"optimizer": type(optimizer).__name__, "sha256": digest,
                                       "shards": shards, "ops": self.group_ops(),
                                       "calls": sum(self.rec["calls"].values()), "t": time.time()})
-            done = len(self.rec["steps"]) >= self.steps_wanted
+            done = 0 < self.steps_wanted <= len(self.rec["steps"])
             self.rec["done"] = done
+            if done:
+                self.rec["lines"] = self.lines.report()
             self.write()
         while done:  # the launcher ends the process group once every rank is here
             time.sleep(3600)
@@ -176,13 +254,26 @@ class Recorder:
         with self.lock:
             self.rec["error"] = {"type": type(exc).__name__, "message": str(exc).strip()[:600],
                                  "where": where, "chain": chain[-5:], "t": time.time(),
+                                 "causes": cause_types(exc),
                                  "traceback": "".join(traceback.format_exception(exc))[-4000:]}
             self.write()
 
     def on_exit(self, code: int) -> None:
         with self.lock:
             self.rec["exit"] = code
+            self.rec["lines"] = self.lines.report()
             self.write()
+
+
+def cause_types(exc: BaseException) -> list[str]:
+    """The type names of an exception and of those it was raised from or during (a download's error is
+    often a library's own type raised from a socket error)."""
+    names, seen = [], set()
+    while exc is not None and id(exc) not in seen and len(names) < 8:
+        seen.add(id(exc))
+        names.append(type(exc).__name__)
+        exc = exc.__cause__ or exc.__context__
+    return names
 
 
 def _update(h, tensor) -> None:
@@ -279,6 +370,29 @@ def install(rec: Recorder) -> None:
     DistributedDataParallel.__init__ = ddp_init
     watch_compiles(rec)
     register_optimizer_step_post_hook(lambda optimizer, _args, _kwargs: rec.on_step(optimizer))
+    install_io(rec)
+
+
+def install_io(rec: Recorder) -> None:
+    """Record what torch.save writes and which hosts the code looks up."""
+    import socket
+
+    import torch
+
+    original_save, original_lookup = torch.save, socket.getaddrinfo
+
+    def save(obj, f, *args, **kwargs):
+        out = original_save(obj, f, *args, **kwargs)
+        rec.on_save(f)
+        return out
+
+    def getaddrinfo(host, *args, **kwargs):
+        rec.on_lookup(host)
+        return original_lookup(host, *args, **kwargs)
+
+    save.__wrapped__, getaddrinfo.__wrapped__ = original_save, original_lookup
+    torch.save = save
+    socket.getaddrinfo = getaddrinfo
 
 
 def watch_compiles(rec: Recorder) -> None:
@@ -327,6 +441,7 @@ def rank_main(argv: list[str]) -> int:
     code_root = os.environ.get("DDPLAB_SMOKE_CODE", os.getcwd())
     rec = Recorder(report, steps, code_root)
     install(rec)
+    rec.lines.start()
     code = 0
     try:
         run_entry(entry, code_root)

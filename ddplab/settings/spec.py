@@ -245,8 +245,20 @@ SETTINGS: tuple[Setting, ...] = (
             "decides.",
             section=CODE),
     Setting("ddplab_smoke_seconds", "int", 90,
-            "ddplab_smoke_run: the longest it runs (it stops once both ranks made 2 optimizer steps); with "
-            "no step by then it judges nothing and the CPU check decides.", section=CODE, min=10, max=3600),
+            "ddplab_smoke_run: the longest it runs (it stops once both ranks made 2 optimizer steps; with "
+            "ddplab_smoke_args, each of its passes); with no step by then it judges nothing and the CPU "
+            "check decides.", section=CODE, min=10, max=3600),
+    Setting("ddplab_smoke_args", "list", [],
+            "ddplab_smoke_run: the arguments of a whole short run of the entry point (a few iterations, an "
+            "evaluation, a checkpoint); the smoke run then runs it to its end (every rank must exit 0) and, "
+            "where a rank saved a checkpoint (torch.save), a second pass that resumes from it. [] = "
+            "ddplab_entrypoint_args, stopped after 2 optimizer steps.", section=CODE,
+            example=["--max_iters=4", "--eval_interval=2", "--eval_iters=2", "--always_save_checkpoint=True"]),
+    Setting("ddplab_smoke_resume_args", "list", [],
+            "ddplab_smoke_args: the arguments of the second pass, which resumes from the checkpoint the "
+            "first saved, in the same scratch copy ([] = ddplab_smoke_args again, for code that resumes "
+            "when it finds its checkpoint).", section=CODE,
+            example=["--max_iters=6", "--eval_interval=2", "--eval_iters=2", "--init_from=resume"]),
     Setting("ddplab_workdir", "str", "code",
             "Working folder of your code's ranks: code = its synced folder on the node (as torchrun from a "
             "checkout), run = <ddplab_root>/runs/<run_id>/. Files your code writes are never removed by a "

@@ -55,3 +55,42 @@ def test_a_missing_gpu_only_package_is_not_to_be_installed():
     assert code == 1
     assert "at train.py:3; patch: triton needs a GPU, do without it on CPU; the CPU check: train.py:3: " \
         "import triton needs a CUDA-only package; patch: try: import triton" in lines[0]
+
+
+def passed(ran: dict, **extra) -> dict:
+    return {"verdict": "pass", "seconds": 20, "problems": [], "ranks": [], "ran": ran, **extra}
+
+
+def test_a_scan_error_is_contradicted_only_where_its_line_ran():
+    """eval_after_training.py's `.to(0)` (line 13) is a scan error: a smoke run that stopped before the
+    evaluation leaves it standing (a warning naming ddplab_smoke_args); one that ran the line contradicts
+    it."""
+    findings = scan("eval_after_training.py")
+    (error,) = [f for f in findings if f.severity == "error"]
+    assert (error.path, error.line) == ("eval_after_training.py", 13)
+    code, lines = decide(passed({"eval_after_training.py": "1,4,6-8,11,18-30"}), "node0",
+                         "eval_after_training.py", findings)
+    assert code == 0 and "contradicted" not in "\n".join(lines)
+    assert lines[1].startswith("ddplab: warning: eval_after_training.py:13 (torch.randn(4, 8).to(0) moves to "
+                               "a device ordinal) never ran in the smoke run: the CPU check's error stands")
+    assert "ddplab_smoke_args runs the whole script" in lines[1]
+    code, lines = decide(passed({"eval_after_training.py": "1-36"}), "node0", "eval_after_training.py",
+                         findings)
+    assert code == 0 and lines[1].startswith("ddplab: note: the CPU check's guess eval_after_training.py:13 ")
+    assert lines[1].endswith("is contradicted: the smoke run ran that line")
+
+
+def test_an_early_exit_without_sys_exit_is_placed_at_the_scans_guard_that_ran():
+    """A script that returns when it finds no GPU exits 0 with no sys.exit line of its own: the refusal names
+    the scan's guard, when that line ran."""
+    from ddplab.cpu_patterns import Finding
+
+    guard = Finding("example.py", 98, "cuda-required", "error", "torch.cuda.device_count() < 2 stops the "
+                    "program", "every rank stops (exit 0: nothing trains)", "drop the check on CPU")
+    result = {"verdict": "fail", "seconds": 5, "ranks": [], "ran": {"example.py": "1-20,95-99"},
+              "problems": [{"kind": "no-training", "rank": None, "where": None, "what": "the ranks exited 0 "
+                            "without an optimizer step", "fix": "check the arguments"}]}
+    code, lines = decide(result, "node0", "example.py", [guard])
+    assert code == 1
+    assert ("without an optimizer step at example.py:98 (the CPU check's place); patch: check the arguments"
+            in lines[0])

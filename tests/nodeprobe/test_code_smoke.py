@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddplab.code_check import check
+from ddplab.smoke_verdict import line_ran
 from nodeprobe import code_smoke
 from tests.helpers.probes import REPO
 
@@ -39,6 +40,14 @@ CASES = {  # entry point -> (args, user_env)
     "-m pkg.train": (["--steps", "3"], {"SMOKE_FIXTURE_VAR": "set", "OUT_DIR": "out-pkg"}),
     # nanochat's shape (chatlike/): the group on CUDA only, an optimizer that all-reduces by itself
     "-m scripts.base_train": (["--device-type=cpu"], {}),
+    "downloads.py": ([], {}),
+}
+# the whole script (ddplab_smoke_args), then a pass that resumes from its checkpoint: entry -> (whole_args,
+# resume_args)
+WHOLE = {
+    "eval_after_training.py": (["--iters", "3"], []),
+    "resume_cuda.py": (["--epochs", "2"], []),
+    "whole_run.py": (["--iters", "3", "--eval-every", "2"], ["--iters", "2", "--resume"]),
 }
 CHATLIKE = FIXTURES / "chatlike"
 FSDP_CODE = Path(__file__).resolve().parents[1] / "byo" / "fixtures" / "fsdp_code"
@@ -68,6 +77,9 @@ def results(tmp_path_factory):
     with ThreadPoolExecutor(2) as pool:
         futures = {entry: pool.submit(smoke, spec_for(entry, base / f"run{i}" / "smoke"))
                    for i, entry in enumerate(CASES)}
+        futures |= {f"whole {entry}": pool.submit(smoke, spec_for(
+            entry, base / f"whole{i}" / "smoke", whole_args=args, resume_args=resume, seconds=240), 300)
+            for i, (entry, (args, resume)) in enumerate(WHOLE.items())}
         out = {entry: f.result() for entry, f in futures.items()}
     after = sorted(p.relative_to(FIXTURES) for p in FIXTURES.rglob("*") if "__pycache__" not in p.parts)
     assert after == before  # out/ckpt.pt and out-pkg/ were written in the scratch copies only
@@ -189,17 +201,79 @@ def test_nanochat_shaped_code_is_refused_at_its_optimizer_with_the_scans_hint(re
 
 def test_code_that_trains_passes_over_the_scans_errors(results):
     """The scan guesses an error (a CUDA call behind a guard it cannot read); the smoke run trained, so the
-    launch goes on and the scan's error is shown as a note."""
+    launch goes on. The guarded line never ran (the ranks' line record says so): the scan's error is not
+    contradicted but left standing as a warning."""
     r = results["false_alarm.py"]
     assert r["verdict"] == "pass", r
     scan_errors = [f for f in check(str(FIXTURES), "false_alarm.py")["findings"] if f.severity == "error"]
     out = verdict(r, "false_alarm.py")
     assert out.returncode == 0, out
     assert "it trains as one DDP run: 2 optimizer steps on each rank" in out.stdout
+    assert line_ran(r, "false_alarm.py", fixture_line("false_alarm.py", "model = DDP("))
     for f in scan_errors:
-        assert f"ddplab: note: the CPU check's guess {f.path}:{f.line} " in out.stdout
+        assert f.line == fixture_line("false_alarm.py", "torch.cuda.set_device")
+        assert not line_ran(r, "false_alarm.py", f.line)
+        assert f"ddplab: warning: {f.path}:{f.line} ({f.what}) never ran in the smoke run" in out.stdout
+    assert "contradicted" not in out.stdout
     if not scan_errors:
         pytest.skip("the scan no longer flags false_alarm.py: nothing for the smoke run to overrule")
+
+
+def test_an_evaluation_after_training_is_refused_at_its_line(results):
+    """The whole short run (ddplab_smoke_args) reaches the evaluation after the training loop, where `.to(0)`
+    fails on CPU; stopped after 2 optimizer steps, the smoke run never got there."""
+    r = results["whole eval_after_training.py"]
+    p = problem(r)
+    line = fixture_line("eval_after_training.py", "batch = torch.randn")
+    assert p["kind"] == "crash" and p["where"] == f"eval_after_training.py:{line}" and p["pass"] == "run", r
+    assert [x["name"] for x in r["passes"]] == ["run"]
+    out = verdict(r, "eval_after_training.py")
+    assert out.returncode == 1, out
+    assert "; the whole run with ddplab_smoke_args): rank " in out.stdout
+    assert f" at eval_after_training.py:{line}; patch: " in out.stdout
+    assert f"the CPU check: eval_after_training.py:{line}: torch.randn(4, 8).to(0)" in out.stdout
+
+
+def test_a_resume_path_is_refused_at_its_line(results):
+    """The first pass trains and saves snapshot.pt; the second, with the same arguments, finds it and loads
+    it with map_location="cuda:0", which fails on CPU: refused at that line, the pass named."""
+    r = results["whole resume_cuda.py"]
+    p = problem(r)
+    line = fixture_line("resume_cuda.py", "map_location=")
+    assert p["kind"] == "crash" and p["where"] == f"resume_cuda.py:{line}" and p["pass"] == "resume", r
+    assert [(x["name"], x["verdict"]) for x in r["passes"]] == [("run", "pass"), ("resume", "fail")]
+    assert r["passes"][0]["checkpoints"] == ["snapshot.pt"]
+    out = verdict(r, "resume_cuda.py")
+    assert out.returncode == 1, out
+    assert "the second pass, which resumed from snapshot.pt with arguments --epochs 2): rank" in out.stdout
+    assert "Attempting to deserialize object on a CUDA device" in out.stdout
+    assert f" at resume_cuda.py:{line}; patch: " in out.stdout
+
+
+def test_a_clean_script_passes_the_whole_run_and_its_resume(results):
+    r = results["whole whole_run.py"]
+    assert r["verdict"] == "pass", r
+    assert [(x["name"], x["verdict"], x["checkpoints"]) for x in r["passes"]] == [
+        ("run", "pass", ["out/ckpt.pt"]), ("resume", "pass", ["out/ckpt.pt"])]
+    assert all(rank["steps"] == 2 and rank["returncode"] == 0 for rank in r["ranks"])  # the resumed pass
+    assert line_ran(r, "whole_run.py", fixture_line("whole_run.py", "state = torch.load"))  # the resume
+    out = verdict(r, "whole_run.py")
+    assert out.returncode == 0, out
+    assert "it ran to its end with ddplab_smoke_args" in out.stdout
+    assert "and again resuming from out/ckpt.pt (" in out.stdout
+    assert "arguments --iters 2 --resume)" in out.stdout
+
+
+def test_a_download_names_the_host_and_what_to_ship(results):
+    r = results["downloads.py"]
+    p = problem(r)
+    assert p["kind"] == "download" and p["host"] == "datasets.example.invalid", r
+    assert p["where"] == f"downloads.py:{fixture_line('downloads.py', 'urlopen(')}"
+    out = verdict(r, "downloads.py")
+    assert out.returncode == 1, out
+    assert "could not download from datasets.example.invalid" in out.stdout
+    assert "the nodes may have no route to datasets.example.invalid" in out.stdout
+    assert "ddplab_code_include" in out.stdout and "ddplab_sync_dirs" in out.stdout
 
 
 def test_collectives_without_an_optimizer_pass_with_a_note(results):
