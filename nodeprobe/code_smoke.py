@@ -17,7 +17,8 @@ to 127.0.0.1 and a store process serves it (torchrun --standalone's store listen
 the ranks dial it (TORCHELASTIC_USE_AGENT_STORE) and gloo binds to ``lo`` (GLOO_SOCKET_IFNAME). Every
 process it starts is in one process group, killed at the end, on timeout too.
 
-With ``whole_args`` (ddplab_smoke_args) the ranks run the entry point with those arguments to its end
+With ``whole`` (ddplab_smoke_whole) or ``whole_args`` (ddplab_smoke_args, default ``args``) the ranks run
+the entry point with those arguments to its end
 (each rank must exit 0; no stop after ``steps``), and when a rank saved a file with torch.save (a
 checkpoint), a second pass in the same scratch copy runs it with ``resume_args`` (default: the same
 arguments again, for code that resumes when it finds its checkpoint), which must exit 0 too. Each pass
@@ -30,7 +31,7 @@ The ranks see the run's layout (``layout``: ``nodes``, the run's node count) and
 of their own (``compile_cache``), kept after a pass.
 
 Spec keys: python, src, scratch, entrypoint, args, user_env, lab_env, workdir, seconds, steps, threads,
-cache, code_hash_file, nodes, compile_cache, whole_args, resume_args.
+cache, code_hash_file, nodes, compile_cache, whole, whole_args, resume_args.
 """
 
 from __future__ import annotations
@@ -495,7 +496,7 @@ def cache_key(spec: dict) -> str:
              "env": {str(k): str(v) for k, v in (spec.get("user_env") or {}).items()},
              "workdir": spec.get("workdir", "code"), "torch": torch_version(), "python": spec["python"],
              "steps": int(spec.get("steps") or 2), "probe": own,
-             "whole": list(map(str, spec.get("whole_args") or [])),
+             "whole": whole_run(spec), "whole_args": list(map(str, spec.get("whole_args") or [])),
              "resume": list(map(str, spec.get("resume_args") or [])),
              "layout": [layout(spec, r) for r in range(int(spec.get("world") or WORLD))]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -559,13 +560,17 @@ def ranks_summary(run: dict) -> list[dict]:
             for r in run["ranks"]]
 
 
+def whole_run(spec: dict) -> bool:
+    return bool(spec.get("whole") or spec.get("whole_args"))
+
+
 def passes(spec: dict, scratch: Path) -> list[tuple[dict, dict]]:
     """(run, verdict) of each pass: the entry point stopped after ``steps``; or, with ``whole_args``, the
     whole short run, then the pass that resumes from the checkpoint it saved."""
-    whole = spec.get("whole_args")
-    if not whole:
+    if not whole_run(spec):
         run = run_ranks(spec, scratch)
         return [(run, judge(run))]
+    whole = spec.get("whole_args") or spec.get("args") or []
     first = run_ranks({**spec, "args": whole, "steps": 0}, scratch)
     done = [(first, judge(first, whole=True))]
     saved = checkpoints(first, scratch / "code")
@@ -600,7 +605,7 @@ def code_smoke(spec: dict) -> dict:
             "timed_out": run["timed_out"], "compile_s": round(sum(r.get("compile_s", 0) for r, _ in done), 1),
             "limit_s": run["limit_s"], "steps_wanted": run["steps_wanted"],
             "files": done[0][0]["files"], "ranks": ranks_summary(run), "key": key,
-            "whole": bool(spec.get("whole_args")),
+            "whole": whole_run(spec),
             "passes": [{"name": r["name"], "args": r["args"], "verdict": v["verdict"],
                         "seconds": r["seconds"], "checkpoints": c}
                        for (r, v), c in zip(done, saved, strict=True)],

@@ -246,14 +246,19 @@ SETTINGS: tuple[Setting, ...] = (
             section=CODE),
     Setting("ddplab_smoke_seconds", "int", 90,
             "ddplab_smoke_run: the longest it runs (it stops once both ranks made 2 optimizer steps; with "
-            "ddplab_smoke_args, each of its passes); with no step by then it judges nothing and the CPU "
+            "ddplab_smoke_whole, each of its passes); with no step by then it judges nothing and the CPU "
             "check decides.", section=CODE, min=10, max=3600),
+    Setting("ddplab_smoke_whole", "bool", False,
+            "ddplab_smoke_run: run the entry point to its end (every rank must exit 0) with "
+            "ddplab_smoke_args, and where a rank saved a checkpoint (torch.save) a second pass that resumes "
+            "from it; on by itself when ddplab_smoke_args is set. false: stop after 2 optimizer steps.",
+            section=CODE),
     Setting("ddplab_smoke_args", "list", [],
-            "ddplab_smoke_run: the arguments of a whole short run of the entry point (a few iterations, an "
-            "evaluation, a checkpoint); the smoke run then runs it to its end (every rank must exit 0) and, "
-            "where a rank saved a checkpoint (torch.save), a second pass that resumes from it. [] = "
-            "ddplab_entrypoint_args, stopped after 2 optimizer steps.", section=CODE,
-            example=["--max_iters=4", "--eval_interval=2", "--eval_iters=2", "--always_save_checkpoint=True"]),
+            "The arguments of a whole short run of the entry point for the smoke run (a few iterations, an "
+            "evaluation, a checkpoint); setting them turns ddplab_smoke_whole on. [] = "
+            "ddplab_entrypoint_args.", section=CODE,
+            example=["--max_iters=4", "--eval_interval=2", "--eval_iters=2",
+                     "--always_save_checkpoint=True"]),
     Setting("ddplab_smoke_resume_args", "list", [],
             "ddplab_smoke_args: the arguments of the second pass, which resumes from the checkpoint the "
             "first saved, in the same scratch copy ([] = ddplab_smoke_args again, for code that resumes "

@@ -239,7 +239,7 @@ def test_a_resume_path_is_refused_at_its_line(results):
     it with map_location="cuda:0", which fails on CPU: refused at that line, the pass named."""
     r = results["whole resume_cuda.py"]
     p = problem(r)
-    line = fixture_line("resume_cuda.py", "map_location=")
+    line = fixture_line("resume_cuda.py", "snapshot = torch.load")
     assert p["kind"] == "crash" and p["where"] == f"resume_cuda.py:{line}" and p["pass"] == "resume", r
     assert [(x["name"], x["verdict"]) for x in r["passes"]] == [("run", "pass"), ("resume", "fail")]
     assert r["passes"][0]["checkpoints"] == ["snapshot.pt"]
