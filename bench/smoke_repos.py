@@ -155,18 +155,24 @@ TRACE = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def first_failure(log: str, code: Path) -> dict | None:
-    """The first traceback in a node's log: the last frame in the code folder and the exception line."""
+    """The first traceback in a node's log that passes through the code folder (a chained exception prints
+    its library-only cause first): its last frame there and its exception line."""
     lines = [re.sub(r"^\[rank\d+\]: ?", "", ln) for ln in log.splitlines()]
+    root = str(code.resolve()) + os.sep
+    first = None
     for i, ln in enumerate(lines):
         if ln.startswith("Traceback (most recent call last)"):
             where, j = None, i + 1
             while j < len(lines) and (lines[j].startswith(" ") or not lines[j].strip()):
                 m = TRACE.search(lines[j])
-                if m and os.path.realpath(m.group(1)).startswith(str(code.resolve()) + os.sep):
-                    where = f"{os.path.relpath(os.path.realpath(m.group(1)), code.resolve())}:{m.group(2)}"
+                if m and os.path.realpath(m.group(1)).startswith(root):
+                    where = f"{os.path.relpath(os.path.realpath(m.group(1)), root)}:{m.group(2)}"
                 j += 1
-            return {"where": where, "error": lines[j].strip()[:200] if j < len(lines) else ""}
-    return None
+            found = {"where": where, "error": lines[j].strip()[:200] if j < len(lines) else ""}
+            if where:
+                return found
+            first = first or found
+    return first
 
 
 def launch(python: str, nodes: list[Path], entry: str, args: list[str], out: Path, tag: str) -> dict:

@@ -95,23 +95,33 @@ class Lines:
         self.root = code_root + os.sep
         self.ran: set[tuple[str, int]] = set()
         self.user: dict = {}  # code object -> its file relative to the code folder, or None
+        # bound here: at interpreter exit, when module globals are gone, frames still call the tracer
+        self.realpath, self.relpath, self.isabs = os.path.realpath, os.path.relpath, os.path.isabs
 
     def line(self, frame, event, _arg):
         if event == "line":
-            self.ran.add((self.user[frame.f_code], frame.f_lineno))
+            self.ran.add((self.user.get(frame.f_code), frame.f_lineno))
         return self.line
 
     def call(self, frame, _event, _arg):
         code = frame.f_code
         rel = self.user.get(code, 0)
         if rel == 0:
-            path = os.path.realpath(code.co_filename) if os.path.isabs(code.co_filename) else ""
-            rel = self.user[code] = os.path.relpath(path, self.root) if path.startswith(self.root) else None
+            try:  # an exception here would be raised in the user's code
+                path = self.realpath(code.co_filename) if self.isabs(code.co_filename) else ""
+                rel = self.relpath(path, self.root) if path.startswith(self.root) else None
+            except Exception:  # noqa: BLE001
+                rel = None
+            self.user[code] = rel
         return self.line if rel else None
 
     def start(self) -> None:
         threading.settrace(self.call)
         sys.settrace(self.call)
+
+    def stop(self) -> None:
+        sys.settrace(None)
+        threading.settrace(None)
 
     def report(self) -> dict[str, list[int]]:
         by_file: dict[str, set[int]] = {}
@@ -455,6 +465,7 @@ def rank_main(argv: list[str]) -> int:
         rec.on_error(e)
         traceback.print_exc()
         code = 1
+    rec.lines.stop()
     rec.on_ops()
     rec.on_exit(code)
     sys.stdout.flush()

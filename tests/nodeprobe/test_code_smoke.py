@@ -78,7 +78,7 @@ def results(tmp_path_factory):
         futures = {entry: pool.submit(smoke, spec_for(entry, base / f"run{i}" / "smoke"))
                    for i, entry in enumerate(CASES)}
         futures |= {f"whole {entry}": pool.submit(smoke, spec_for(
-            entry, base / f"whole{i}" / "smoke", whole_args=args, resume_args=resume, seconds=240), 300)
+            entry, base / f"whole{i}" / "smoke", whole_args=args, resume_args=resume, seconds=240), 540)
             for i, (entry, (args, resume)) in enumerate(WHOLE.items())}
         out = {entry: f.result() for entry, f in futures.items()}
     after = sorted(p.relative_to(FIXTURES) for p in FIXTURES.rglob("*") if "__pycache__" not in p.parts)
