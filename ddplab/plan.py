@@ -84,8 +84,8 @@ def run_id(settings: dict, command: str, now: float | None = None) -> str:
 
 def launch_steps(hosts: list[str], settings: dict) -> dict:
     """launch.yml's steps before any node is asked: prepare runs at once only for a requirements file (prepare
-    installs it; preflight does not check it) or ddplab_prepare_always, else where the preflight fails (`prepare_on_fail`, applied by
-    after_verdict)."""
+    installs it; preflight does not check it) or ddplab_prepare_always, else where the preflight fails
+    (`prepare_on_fail`, applied by after_verdict)."""
     waits = hosts if settings["ddplab_wait"] else []
     prepare = hosts if settings["ddplab_pip_requirements"] or settings["ddplab_prepare_always"] else []
     return {"preflight": hosts, "prepare": prepare, "check": prepare, "prepare_on_fail": hosts,
