@@ -290,8 +290,14 @@ def tune_nanochat(rep: dict) -> list[str]:
         known = r.get("allreduce_share") is not None
         return f"{r['allreduce_share'] * 100:.0f} %" if known else "not printed"
 
-    rows = ["| layout | eager tokens/s [min-max] | compiled tokens/s [min-max] | compiled / eager "
-            "| first step, eager / compiled (s) | all-reduce share |", "|---|---|---|---|---|---|"]
+    def load(mode: str) -> str:
+        start, end = rep["modes"][mode]["load"]
+        return f"load {start:.0f} to {end:.0f}"
+
+    rows = [f"| layout | eager tokens/s [min-max] ({load('eager')}) | compiled tokens/s [min-max] "
+            f"({load('compiled')}) | compiled / eager | first step, eager / compiled (s) "
+            "| all-reduce share |",
+            "|---|---|---|---|---|---|"]
     for name, e in eager.items():
         c = compiled.get(name, {})
         ratio = (f"{c['tokens_per_sec'] / e['tokens_per_sec']:.2f}x"
@@ -320,7 +326,8 @@ TABLES = {"distribution": ((report("distribution"),), distribution),
           "scaling_1gbit": ((report("scaling_lab"), report("scaling_lab_long"),
                              report("scaling_lab_overlap")), scaling_1gbit),
           "sync_overlap": ((report("scaling_lab_overlap"), report("scaling_lab_overlap_screen")),
-                           sync_overlap)}
+                           sync_overlap),
+          "tune_nanochat": ((report("tune_nanochat_simlan"),), tune_nanochat)}
 
 
 def render(name: str) -> str:

@@ -76,7 +76,7 @@ def first_step_ms(out: Path, rid: str, layout: str) -> float | None:
     if not log.exists():
         return None
     records = log_metrics.read_log(str(log), "", whole=True)["records"]
-    return records[0].get("dt_ms") if records else None
+    return next((r["dt_ms"] for r in records if r.get("dt_ms")), None)  # step 0 (an evaluation comes first)
 
 
 def report(loads: dict) -> dict:
