@@ -24,7 +24,7 @@ def code_tune(spec: dict) -> dict:
     code_smoke.make_scratch(scratch)
     try:
         run = code_smoke.run_ranks({**spec, "measure": True, "steps": 0}, scratch)
-        log = scratch / "logs" / "rank0.log"
+        log = scratch / f"logs-{run['name']}" / "rank0.log"
         text = log.read_text(errors="replace") if log.exists() else ""
     finally:
         code_smoke.remove_scratch(scratch)

@@ -76,7 +76,8 @@ BASE = ["--data", "d", "--out", "o"]
     (["--depth", "2"], "trainer argument --data, --out: not given; required by every run (the launch role "
                        "passes them)"),
     (BASE + ["--run-id", "a/b"],
-     "trainer argument --run-id: 'a/b' given; --run-id may only contain letters, digits, '-', '_' and '.'"),
+     "trainer argument --run-id: 'a/b' given; --run-id must be letters, digits, '.', '_' and '-' "
+     "(at most 64, starting with a letter or digit)"),
     (BASE + ["--n-embd", "6", "--n-head", "2"],
      "trainer argument --n-embd/--n-head: head size 3 (n_embd/n_head) must be even for rotary embeddings"),
 ])
