@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=int, default=90)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--work", default="/tmp/nanochat-compile-bench")
+    ap.add_argument("--work-in", default="/var/tmp", help="the bench makes a folder of its own in it")
     ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"],
                     help="the modes to (re)measure; the other's results are kept")
     ap.add_argument("--report-only", action="store_true", help="only remake report.json and tune.png")
@@ -131,8 +132,7 @@ def main() -> int:
     if args.report_only:
         report(json.loads((OUT / "loads.json").read_text()))
         return 0
-    work = Path(args.work)
-    shutil.rmtree(work, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix="ddplab-nanochat-compile-", dir=args.work_in))  # its own folder
     cluster = simlan.up(2, cpus="auto", force=True)
     started = time.time()
     code, inventory, wheelhouse = checkout(work, cluster)
