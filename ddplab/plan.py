@@ -28,10 +28,10 @@ import argparse
 import json
 import secrets
 import string
-import sys
 
 from ddplab.errors import DdplabError
 from ddplab.settings import layout, validate
+from ddplab.verb_input import input_text
 from trainer.launch_contract import RUN_ID, is_run_id
 from trainer.launch_contract import new_run_id as run_id_of_time
 
@@ -134,11 +134,7 @@ def decide(inv: dict, command: str, now: float | None = None) -> dict:
 
 
 def run(args) -> int:
-    if args.input == "-":
-        text = sys.stdin.read()
-    else:
-        with open(args.input) as f:
-            text = f.read()
+    text = input_text(args.input)
     try:
         data = json.loads(text)
     except ValueError as e:

@@ -29,6 +29,7 @@ from ddplab.settings import external, inputs, layout
 from ddplab.settings.problems import Problem, merge
 from ddplab.settings.spec import BY_NAME, HOST, INTERNAL, SETTINGS
 from ddplab.settings.values import coerce, shown
+from ddplab.verb_input import input_text
 
 SETTINGS_DOC = "the settings documented in inventory/example/group_vars/all/"
 
@@ -204,11 +205,7 @@ def report(problems: list[Problem], nodes: list[str], stream=sys.stderr) -> int:
 
 
 def run(args) -> int:
-    if args.input == "-":
-        text = sys.stdin.read()
-    else:
-        with open(args.input) as f:
-            text = f.read()
+    text = input_text(args.input)
     try:
         inv = json.loads(text)
     except ValueError as e:
