@@ -5,9 +5,10 @@ The checkout is prepared as tests/byo/test_nanochat_simlan.py prepares it (its h
 control venv, the tokenizer, the gloo patch); hosts pinned one core each (--cpus auto). Each mode's
 tune runs `all` through launch.yml (the smoke run on the master first: with compilation on it warms the
 compile cache that launch ships to node1), then 1x1 and 1x2 on the master (they reuse the smoke run's
-caches). Run as root: `python bench/nanochat_compile.py [--seconds 90] [--rounds 1]`. Writes
-eager/ and compiled/ (each tune's own files), report.json (both modes, each layout's first-step dt, the
-load average before and after) and tune.png; docs/your-code.md's table comes from report.json.
+caches). Run as root: `python bench/nanochat_compile.py [--seconds 90] [--rounds 1]`. Each mode's tune
+(its logs and run folders) stays in the bench's own folder under --work-in; bench/results/ gets
+report.json (both modes, each layout's first-step dt, the load average before and after) and tune.png:
+docs/your-code.md's table comes from report.json.
 """
 
 from __future__ import annotations
@@ -80,16 +81,17 @@ def first_step_ms(out: Path, rid: str, layout: str) -> float | None:
     return next((r["dt_ms"] for r in records if r.get("dt_ms")), None)  # step 0 (an evaluation comes first)
 
 
-def report(loads: dict) -> dict:
-    """Both modes' tune rows, each layout's first-step dt, the load: report.json and tune.png."""
-    modes = {}
-    for mode in ("eager", "compiled"):
-        tune = json.loads((OUT / mode / "tune.json").read_text())
+def report(tunes: Path, loads: dict, kept: dict) -> dict:
+    """Both modes' tune rows, each layout's first-step dt, the load: report.json and tune.png (the modes not
+    measured again are `kept` as report.json had them)."""
+    modes = dict(kept)
+    for mode in loads:
+        tune = json.loads((tunes / mode / "tune.json").read_text())
         for row in tune["rows"]:
             rid = f"{mode}-{row['layout']}-r1"
-            row["first_step_ms"] = first_step_ms(OUT / mode, rid, row["layout"])
+            row["first_step_ms"] = first_step_ms(tunes / mode, rid, row["layout"])
         modes[mode] = {"rows": tune["rows"], "seconds": tune["seconds"], "rounds": tune["rounds"],
-                       "what": tune["what"], "load": loads.get(mode)}
+                       "what": tune["what"], "load": loads[mode]}
     rep = {"hosts": "2 simlan hosts, --cpus auto (one core each)", "modes": modes}
     (OUT / "report.json").write_text(json.dumps(rep, indent=1) + "\n")
     plot(rep, OUT / "tune.png")
@@ -127,10 +129,11 @@ def main() -> int:
     ap.add_argument("--work-in", default="/var/tmp", help="the bench makes a folder of its own in it")
     ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"],
                     help="the modes to (re)measure; the other's results are kept")
-    ap.add_argument("--report-only", action="store_true", help="only remake report.json and tune.png")
+    ap.add_argument("--plot-only", action="store_true", help="only redraw tune.png from report.json")
     args = ap.parse_args()
-    if args.report_only:
-        report(json.loads((OUT / "loads.json").read_text()))
+    kept = json.loads((OUT / "report.json").read_text())["modes"] if (OUT / "report.json").exists() else {}
+    if args.plot_only:
+        plot({"modes": kept}, OUT / "tune.png")
         return 0
     work = Path(tempfile.mkdtemp(prefix="ddplab-nanochat-compile-", dir=args.work_in))  # its own folder
     cluster = simlan.up(2, cpus="auto", force=True)
@@ -138,18 +141,17 @@ def main() -> int:
     code, inventory, wheelhouse = checkout(work, cluster)
     print(f"checkout prepared in {time.time() - started:.0f} s", flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    loads = json.loads((OUT / "loads.json").read_text()) if (OUT / "loads.json").exists() else {}
+    tunes, loads = work / "tunes", {}
     for mode in args.modes:
         code_yml(inventory, code, mode == "compiled", wheelhouse)
-        shutil.rmtree(OUT / mode, ignore_errors=True)
         loads[mode] = [os.getloadavg()[0]]
         subprocess.run([sys.executable, "-m", "ddplab", "tune", "-i", str(inventory), "--seconds",
                         str(args.seconds), "--rounds", str(args.rounds), "--procs", "2", "--id", mode,
-                        "--out", str(OUT)], cwd=REPO, check=False)
+                        "--out", str(tunes)], cwd=REPO, check=False)
         loads[mode].append(os.getloadavg()[0])
-    (OUT / "loads.json").write_text(json.dumps(loads) + "\n")
     simlan.down()
-    report(loads)
+    report(tunes, loads, {m: v for m, v in kept.items() if m not in loads})
+    print(f"each mode's tune (logs, run folders): {tunes}")
     return 0
 
 
