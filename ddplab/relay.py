@@ -12,7 +12,9 @@ usual SSH connection) into the receiver over SSH with the holder's own relay key
 receiver's authorized_keys only lets it send files, with this hop's exact rsync options, into the
 receiver's staging folder ``<lab folder>/.relay/incoming`` (nodeprobe/relay_access.py, relay_receive.py);
 the receiver's host key is checked against the lab's known_hosts (roles/relay_ssh). Then the control host
-runs the receiver's own step over its usual SSH connection (nodeprobe/relay_take.py, ``take``): each staged
+runs the receiver's own step over its usual SSH connection (nodeprobe/relay_take.py, ``take``, as the node's
+``take`` argv says: ddplab/node_command.py's command for ``nodeprobe relay-take``, the one way node code
+runs; roles/code_sync gets it from the ddplab_node_argv lookup): each staged
 file moves into place only when its sha256 is the control host's file's, and the rest of the staging folder
 is deleted; only then does the receiver hold the batch (and may pass it on, from its lab folder). So a node
 can give a peer nothing but the files the control host planned. ``--partial`` keeps what arrived before an
@@ -26,7 +28,7 @@ SPEC (JSON on stdin)::
 
     {"nodes": [{"name": "node0", "root": "/root/ddplab", "addr": "10.0.0.5",   # lab folder, lab address
                 "conn": {...},                                # as sync_push's conn (Ansible's SSH)
-                "python": "/usr/bin/python3",                 # the node's Python (Ansible's interpreter)
+                "take": ["python3", "-I", "-c", ...],         # runs nodeprobe relay-take on the node
                 "base": "/root/ddplab/data",                  # the node folder dest is relative to
                 "files": [{"src": "/ctl/data/a.bin", "dest": "a.bin"}],   # or names: sync_push.expand
                 "src_dir": ""},
@@ -50,11 +52,10 @@ import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from pathlib import Path
 
-import nodeprobe
 from ddplab import disk_room, sync_push
 from ddplab.errors import DdplabError
+from ddplab.node_command import shipped_program
 from ddplab.transfer_progress import Meter
 from nodeprobe.hashing import sha256_file
 
@@ -63,10 +64,8 @@ CONTROL = "control"
 RELAY_DIR = ".relay"
 KEY_FILE = f"{RELAY_DIR}/id_ed25519"
 KNOWN_HOSTS_FILE = f"{RELAY_DIR}/known_hosts"
-# The receiver's step after a hop, shipped alone (its source, then its spec, on stdin; see take_argv).
-TAKE_PROGRAM = Path(nodeprobe.__file__).with_name("relay_take.py")
-# The first characters of stdin are the program: python runs them, the program reads the spec after them.
-TAKE_BOOT = "import sys; exec(compile(sys.stdin.read(int(sys.argv[1])), 'relay_take', 'exec'))"
+# The receiver's step after a hop: a verb shipped alone (its source, then its spec, on stdin; see take).
+TAKE_VERB = "relay-take"
 CONNECT_TIMEOUT_S = 10
 # Pipelining: the files are sent in about BATCHES batches of at least BATCH_MIN_BYTES each.
 BATCHES = 8
@@ -142,13 +141,13 @@ def hop_rules(dests: list[str]) -> bytes:
 
 
 def take_argv(dst: dict) -> list[str]:
-    """The control host's command for the receiver's own step (nodeprobe/relay_take.py)."""
-    python = str(dst.get("python") or "python3")
-    return node_ssh(dst) + ["--", shlex.join([python, "-I", "-c", TAKE_BOOT, str(len(take_source()))])]
+    """The control host's command for the receiver's own step (nodeprobe/relay_take.py): the node's
+    ``take`` argv over its SSH connection."""
+    return node_ssh(dst) + ["--", shlex.join(dst["take"])]
 
 
 def take_source() -> str:
-    return TAKE_PROGRAM.read_text()
+    return shipped_program(TAKE_VERB)
 
 
 def take(dst: Node, files: list[dict], keep: list[str]) -> dict:
@@ -355,9 +354,9 @@ def add_parser(sub):
 def cmd_relay(args):
     try:
         spec = json.loads(sys.stdin.read())
-        if not spec.get("nodes") or not all({"name", "root", "addr", "conn", "files"} <= set(n)
+        if not spec.get("nodes") or not all({"name", "root", "addr", "conn", "take", "files"} <= set(n)
                                             for n in spec["nodes"]):
-            raise ValueError("expected nodes, each with name, root, addr, conn and files")
+            raise ValueError("expected nodes, each with name, root, addr, conn, take and files")
     except (ValueError, AttributeError, TypeError) as e:
         raise DdplabError(f"relay: the spec on stdin is not usable ({e}); see python -m ddplab relay "
                           "--help") from None

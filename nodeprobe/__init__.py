@@ -14,10 +14,10 @@ chooses the interpreter and the code folder from the two lists below).
   ``smoke_rank`` inside the user's ranks of a smoke or tune run) the Python the lab's record names.
 - Alone, before the synced code exists: the modules named in ``SHIPPED_ALONE`` (the verb ``lab-dirs`` is
   lab_dirs.py), each read on the control host by the plugin (which refuses any other name) and run as the
-  program on stdin of ``python -I -`` (one round trip; ``-I``: neither the working folder nor PYTHON*
-  variables nor user site-packages reach ``sys.path``, so a ``json.py`` in the login's home is never
-  imported, by the user's probes or by root's). They import the standard library only
-  (tests/nodeprobe/test_shipped_alone.py runs each with no site-packages at all).
+  first characters of stdin of ``python -I -c BOOT LENGTH``, its input after them (one round trip; ``-I``:
+  neither the working folder nor PYTHON* variables nor user site-packages reach ``sys.path``, so a
+  ``json.py`` in the login's home is never imported, by the user's probes or by root's). They import the
+  standard library only (tests/nodeprobe/test_shipped_alone.py runs each with no site-packages at all).
 """
 
 PROBE_VERSION = 1
@@ -26,8 +26,9 @@ PROBE_VERSION = 1
 # before copying), torch_candidates (torch_env, before any venv), procs (stale_processes, also from stop.yml),
 # site_probe (torch_env: what the node's Python has installed), relay_access (relay_ssh: the node's relay key,
 # its peers' authorized_keys lines), relay_receive (relay_ssh writes it: the forced command of those lines),
-# relay_take (shipped by ddplab/relay.py, not a role: a relayed batch into place), daemons (slurm: munged,
-# slurmctld and slurmd where the node has no systemd), lab_dirs (ddplab's dirs: the lab folders, 0700).
+# relay_take (code_sync's ddplab_node_argv lookup names it, ddplab/relay.py runs it: a relayed batch into
+# place), daemons (slurm: munged, slurmctld and slurmd where the node has no systemd), lab_dirs (ddplab's
+# dirs: the lab folders, 0700).
 SHIPPED_ALONE = ("prereqs", "lab_dirs", "hashing", "torch_candidates", "procs", "site_probe", "relay_access",
                  "relay_receive", "relay_take", "daemons")
 

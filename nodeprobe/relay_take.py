@@ -1,4 +1,4 @@
-"""``python3 relay_take.py < SPEC`` (shipped alone by ddplab/relay.py, over the control host's own SSH
+"""``nodeprobe relay-take < SPEC`` (shipped alone, run by ddplab/relay.py over the control host's own SSH
 connection to this node, after a peer relayed a batch): move the staged files whose sha256 is the control
 host's into place; delete everything else in the staging folder.
 
@@ -16,7 +16,7 @@ nothing a peer sends is used before this step proved it is the file the control 
 - everything in the staging folder that is not a file still to come (``keep``: the plan's later batches)
   is deleted: the folder is ddplab's.
 
-SPEC (JSON on stdin; shipped, it follows the program on stdin: ddplab/relay.py ``take_argv``):
+SPEC (JSON on stdin; shipped, it follows the program on stdin: ddplab/node_command.py ``BOOT``):
 ``{"root": lab folder, "files": [{"dest": path relative to root, "sha256": hex}], "keep": [dests]}``.
 Prints ``{"placed": [dests], "refused": [{"dest", "why"}]}``.
 """

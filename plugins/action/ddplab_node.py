@@ -32,7 +32,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.action import ActionBase
 
-from ddplab.node_command import NodeCommandError, lab_folders, nodeprobe_command
+from ddplab.node_command import NodeCommandError, host_command
 
 DOCUMENTATION = """
 name: ddplab_node
@@ -98,19 +98,12 @@ class ActionModule(ActionBase):
 
     def _nodeprobe(self, args, verb_args, stdin, task_vars):
         """The command and stdin of a nodeprobe verb (see the module docstring)."""
-        ansible_python = self._templar.template(task_vars.get("ansible_python_interpreter")) or "python3"
-        lab = (lab_folders(args["lab"]) if args.get("lab")
-               else self._templar.template(task_vars.get("ddplab_lab")))
         try:
-            argv, program = nodeprobe_command(args["nodeprobe"], verb_args, to_text(ansible_python),
-                                              args.get("python"), lab)
+            argv, program = host_command(args["nodeprobe"], verb_args,
+                                         lambda name: self._templar.template(task_vars.get(name)),
+                                         args.get("python"), args.get("lab"))
         except NodeCommandError as e:
             raise AnsibleActionFail(f"ddplab_node: {e}") from None
         if stdin is not None and not isinstance(stdin, str):
             stdin = json.dumps(stdin)
-        if program is not None:
-            if stdin:
-                raise AnsibleActionFail(f"ddplab_node: {args['nodeprobe']} is shipped alone: its program "
-                                        f"takes stdin, so its input goes in argv")
-            stdin = program
-        return argv, stdin
+        return argv, (program or "") + (stdin or "")  # a shipped verb's input follows its program

@@ -27,7 +27,7 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ddplab.node_command import NodeCommandError, nodeprobe_command
+from ddplab.node_command import NodeCommandError, host_command
 
 DOCUMENTATION = """
 name: ddplab_wait
@@ -102,10 +102,8 @@ class ActionModule(ActionBase):
 
     def _nodeprobe(self, verb: str, verb_args: list[str], task_vars: dict) -> list[str]:
         """The command that runs `verb` of the synced code (as ddplab_node's nodeprobe)."""
-        interpreter = self._templar.template(task_vars.get("ansible_python_interpreter")) or "python3"
         try:
-            argv, _ = nodeprobe_command(verb, verb_args, to_text(interpreter),
-                                        lab=self._templar.template(task_vars.get("ddplab_lab")))
+            argv, _ = host_command(verb, verb_args, lambda name: self._templar.template(task_vars.get(name)))
         except NodeCommandError as e:
             raise AnsibleActionFail(f"ddplab_wait: {e}") from None
         return argv

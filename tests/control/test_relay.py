@@ -15,6 +15,7 @@ import pytest
 
 from ddplab import distribution, relay, sync_push
 from ddplab.errors import DdplabError
+from ddplab.node_command import nodeprobe_command
 from nodeprobe import relay_access, relay_receive, relay_take
 from tests.helpers.playbooks import REPO
 
@@ -130,11 +131,13 @@ def test_the_receiver_refuses_with_one_line_and_runs_nothing(tmp_path):
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
-def test_take_is_shipped_as_ascii_and_boots_from_stdin(tmp_path):
+def test_take_runs_the_one_way_and_reads_its_spec_after_its_program(tmp_path):
+    """The node's step is the argv node_command gives for `nodeprobe relay-take` (roles/code_sync passes it
+    from the ddplab_node_argv lookup): its program first on stdin, the spec after it."""
     (tmp_path / ".relay" / "incoming").mkdir(parents=True)
     (tmp_path / ".relay" / "incoming" / "a").write_text("x")
-    assert relay.take_source().isascii()  # its length counts characters: the same on any node's locale
-    argv = relay.take_argv({"conn": {"host": "n1"}, "python": sys.executable})
+    take, _ = nodeprobe_command("relay-take", [], sys.executable)
+    argv = relay.take_argv({"conn": {"host": "n1"}, "take": take})
     boot = argv[argv.index("--") + 1:]
     spec = {"root": str(tmp_path), "files": [{"dest": "a", "sha256": hashlib.sha256(b"x").hexdigest()}]}
     proc = subprocess.run(shlex.split(boot[0]), input=relay.take_source() + json.dumps(spec),

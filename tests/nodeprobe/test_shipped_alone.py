@@ -1,6 +1,6 @@
 """The boundary between the node programs that run alone and the rest of nodeprobe (nodeprobe/__init__.py).
 
-Each module in nodeprobe.SHIPPED_ALONE is run as roles run it, the program on stdin of `python -I -`,
+Each module in nodeprobe.SHIPPED_ALONE is run as roles run it, first on stdin of `python -I -c BOOT`,
 here also with `-S` (no site-packages at all) from a folder holding a `json.py` that would break it if the
 working folder reached sys.path: it must import with the standard library alone. ddplab/node_command.py
 (the one way roles run node code, through ddplab_node's `nodeprobe:`) ships exactly these modules alone and
@@ -33,7 +33,8 @@ def test_each_runs_with_the_standard_library_alone(name, tmp_path):
     (tmp_path / "json.py").write_text("raise SystemExit('the working folder reached sys.path')\n")
     argv, served = nodeprobe_command(name.replace("_", "-"), ["--x"], "python3")
     source = (REPO / "nodeprobe" / f"{name}.py").read_text()
-    assert argv == ["python3", "-I", "-", "--x"] and served == source
+    assert argv[:3] == ["python3", "-I", "-c"] and argv[4:] == [str(len(source)), "--x"] and served == source
+    assert source.isascii()  # BOOT counts characters: the same count in any node's locale
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", TOP_LEVEL], input=source, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
@@ -63,9 +64,14 @@ def test_roles_run_node_code_only_through_ddplab_node():
                if re.search(r"-m\W+nodeprobe|\W-I\W|ddplab_node_program", line)
                and "ansible_playbook_python" not in line]  # the control host's own `nodeprobe connect`
     assert own_way == []
-    verbs = {verb for text in texts.values() for verb in re.findall(r"nodeprobe: ([\w-]+)", text)}
-    shipped = {shipped_alone(verb) for verb in verbs}
-    # relay_take goes with the relay job itself (ddplab/relay.py TAKE_PROGRAM), relay_receive is a file that
-    # relay_access places (roles/relay_ssh/vars)
-    assert (shipped - {None}) | {"relay_take", "relay_receive"} == set(SHIPPED_ALONE)
-    assert 'with_name("relay_take.py")' in (REPO / "ddplab" / "relay.py").read_text()
+    # the interpreter node code runs with is chosen in ddplab/node_command.py; torch_env's candidates for the
+    # venv's base Python are what it examines, not how node code runs
+    chooses = [str(p.relative_to(REPO)) for p in (REPO / "roles").rglob("*.yml")
+               if "ansible_python_interpreter" in p.read_text()]
+    assert chooses == ["roles/torch_env/defaults/main.yml"]
+    verbs = {verb for text in texts.values()
+             for verb in re.findall(r"nodeprobe: ([\w-]+)|'ddplab_node_argv', '([\w-]+)'", text)}
+    shipped = {shipped_alone(verb) for pair in verbs for verb in pair if verb}
+    # relay_receive is a file that relay_access places (roles/relay_ssh/vars), the forced command of a key
+    assert (shipped - {None}) | {"relay_receive"} == set(SHIPPED_ALONE)
+

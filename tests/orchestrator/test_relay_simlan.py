@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from ddplab import relay
+from ddplab.node_command import nodeprobe_command
 from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
@@ -34,6 +35,7 @@ ROOT = "/root/ddplab"  # ddplab_root (~/ddplab) of a root simlan host
 KEY = f"{ROOT}/{relay.KEY_FILE}"  # each node's own relay key
 STAGED = f"{ROOT}/.relay/incoming/big"  # where node1 receives big.bin before its own step checks it
 BIG_MB = 48
+TAKE = nodeprobe_command("relay-take", [], "python3")[0]  # as the ddplab_node_argv lookup gives it
 
 
 def lab_inventory(cluster, folder: Path, drop=(OUTSIDE,)) -> Path:
@@ -107,8 +109,8 @@ def big_spec(lab, folder: Path) -> dict:
         conn = {"local": False, "host": addr, "user": "root", "port": None,
                 "key": inv["ansible_ssh_private_key_file"], "ssh_args": "",
                 "common_args": inv["ansible_ssh_common_args"], "extra_args": ""}
-        nodes.append({"name": name, "root": ROOT, "addr": addr, "conn": conn, "base": f"{ROOT}/big",
-                      "src_dir": str(folder), "files": ["big.bin"]})
+        nodes.append({"name": name, "root": ROOT, "addr": addr, "conn": conn, "take": TAKE,
+                      "base": f"{ROOT}/big", "src_dir": str(folder), "files": ["big.bin"]})
     return {"nodes": nodes}
 
 
@@ -244,7 +246,7 @@ def test_the_hops_own_options_reach_the_staging_folder_only(victim, lab):
     assert snapshot(cluster, "node2") == before
     # node2's own step after the next hop deletes what the plan does not name
     spec = {"root": ROOT, "files": [], "keep": []}
-    node = {"name": "node2", "conn": big_spec(lab, Path("/"))["nodes"][2]["conn"]}
+    node = big_spec(lab, Path("/"))["nodes"][2]
     src = relay.take_source()
     done = subprocess.run(relay.take_argv(node), input=src + json.dumps(spec), capture_output=True, text=True,
                           timeout=60)
@@ -269,7 +271,7 @@ def test_a_rogue_node_cannot_plant_a_compile_cache_for_a_peers_ranks(victim, lab
     assert proc.returncode == 0, proc.stderr
     genuine = hashlib.sha256(b"the master's seed.tar").hexdigest()
     spec = {"root": ROOT, "files": [{"dest": "compile-cache/seed.tar", "sha256": genuine}], "keep": []}
-    node = {"name": "node2", "conn": big_spec(lab, Path("/"))["nodes"][2]["conn"]}
+    node = big_spec(lab, Path("/"))["nodes"][2]
     done = subprocess.run(relay.take_argv(node), input=relay.take_source() + json.dumps(spec),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
