@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ddplab.node_command import shipped_program
 from tests.helpers.playbooks import BIN, REPO
 
 PLAY = textwrap.dedent("""\
@@ -165,7 +166,9 @@ def test_nodeprobe_verbs_choose_python_and_code_folder(tmp_path):
         subprocess.run(["rm", "-rf", str(lab)], check=True)
     line = next(ln for ln in proc.stdout.splitlines() if "RESULTS " in ln)
     res = json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"].removeprefix("RESULTS "))
-    assert res["alone"]["cmd"] == [sys.executable, "-I", "-", "tree-json", f"{tmp_path}/tree"], res["alone"]
+    assert res["alone"]["cmd"][:3] == [sys.executable, "-I", "-c"], res["alone"]
+    length = str(len(shipped_program("hashing")))
+    assert res["alone"]["cmd"][4:] == [length, "tree-json", f"{tmp_path}/tree"], res["alone"]
     assert json.loads(res["alone"]["stdout"])[0].endswith("  a.txt"), res["alone"]
     assert res["synced"]["rc"] == 0 and (tmp_path / "placed.txt").read_text() == "hi\n", res["synced"]
     assert oct((tmp_path / "placed.txt").stat().st_mode & 0o777) == "0o600"
