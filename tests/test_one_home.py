@@ -1,7 +1,7 @@
 """Each constant has one home: a second copy of the run-id form, the torch pin, the CPU wheel index, the
-process-group timeout, anywhere in the code, roles, playbooks or inventories, or a setting's default restated
-in a role or playbook, fails here (the files generated from the settings spec are copies by construction,
-tests/settings/test_generated.py)."""
+process-group timeout, the lab tag, anywhere in the code, roles, playbooks or inventories, or a setting's
+default restated in a role or playbook, fails here (the files generated from the settings spec are copies by
+construction, tests/settings/test_generated.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ HOMES = {
     "CPU wheel index": (re.escape(CPU_INDEX), "ddplab/settings/external.py"),
     "process-group timeout": (rf"(?i)pg_timeout\w*\s*(:\s*float\s*)?[:=]\s*(float\()?{PG_TIMEOUT_S}\b",
                               "trainer/launch_contract.py"),
+    # the lab's identity (its Slurm jobs, secrets folder and firewall rules): one hash, one comment form
+    "lab tag": (r"""def \w*lab_tag\b|["']ddplab-lab-(["']|\{)""", "ddplab/lab_tag.py"),
 }
 
 

@@ -4,6 +4,9 @@ SSH), on the control host.
     "{{ lookup('ddplab_lab_id', 'tag') }}"          -> "3f9a1c2b"
     "{{ lookup('ddplab_lab_id', 'slurm_job') }}"    -> "ddplab-3f9a1c2b-" (the lab's Slurm job names)
     "{{ lookup('ddplab_lab_id', 'secrets_dir') }}"  -> ddplab_secrets_dir, or ~/.config/ddplab/3f9a1c2b
+    "{{ lookup('ddplab_lab_id', 'rule_comment') }}" -> "ddplab-lab-3f9a1c2b" (the lab's firewall rules)
+    "{{ lookup('ddplab_lab_id', 'retired_rule_comment', root=ddplab_lab.root) }}"
+                                       -> the form before it, on the node whose lab folder is root
 
 The master is the first host of ``ddplab_master``; its address is ``ddplab_addr``, else ``ansible_host``,
 else its inventory name (as roles/lab_facts), its folder ``ddplab_root`` (the spec's default where the
@@ -17,7 +20,7 @@ import os
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-from ddplab.lab_tag import lab_tag, secrets_dir, slurm_job_prefix
+from ddplab.lab_tag import lab_tag, retired_rule_comment, rule_comment, secrets_dir, slurm_job_prefix
 from ddplab.settings.spec import BY_NAME
 
 DOCUMENTATION = """
@@ -26,7 +29,7 @@ short_description: The lab's tag, its Slurm job name prefix, or its folder of co
 options: {}
 """
 
-WHAT = ("tag", "slurm_job", "secrets_dir")
+WHAT = ("tag", "slurm_job", "secrets_dir", "rule_comment", "retired_rule_comment")
 
 
 class LookupModule(LookupBase):
@@ -48,5 +51,9 @@ class LookupModule(LookupBase):
             return [tag]
         if what == "slurm_job":
             return [slurm_job_prefix(tag)]
+        if what == "rule_comment":
+            return [rule_comment(tag)]
+        if what == "retired_rule_comment":
+            return [retired_rule_comment(str(addr), str(kwargs["root"]))]
         given = template(variables.get("ddplab_secrets_dir", ""))
         return [secrets_dir(str(given or ""), tag, os.path.expanduser("~"))]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from ddplab.lab_tag import lab_tag, rule_comment
+
 MASTER_PORT = 29500
-ROOT_LAB = "/root/ddplab"  # the lab folder on root hosts (ddplab_root ~/ddplab, root's home)
+ROOT_LAB = "~/ddplab"  # ddplab_root as the simlan inventory leaves it (the spec's default)
 _PLUGIN = Path(__file__).resolve().parents[2] / "roles" / "firewall" / "filter_plugins" / "ufw_rules.py"
 _spec = importlib.util.spec_from_file_location("ufw_rules", _PLUGIN)
 ufw_rules = importlib.util.module_from_spec(_spec)
@@ -14,9 +16,9 @@ _spec.loader.exec_module(ufw_rules)
 
 
 def lab_comment(master_addr: str, lab_root: str = ROOT_LAB) -> str:
-    """The tag of one lab's rules on a node whose lab folder is `lab_root` (roles/firewall/defaults:
-    firewall_comment)."""
-    return ufw_rules.lab_tag(master_addr, lab_root)
+    """The tag of one lab's rules, whose master's ddplab_root is `lab_root` as the inventory writes it
+    (roles/firewall/defaults: firewall_comment)."""
+    return rule_comment(lab_tag(master_addr, lab_root))
 
 
 def ephemeral_ports(cluster, host: str) -> str:

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from ddplab.lab_tag import retired_rule_comment
 from nodeprobe import hashing
 from simlan.network import GATEWAY  # the control host's address on the bridge
 from tests.helpers.firewall import ephemeral_ports, lab_comment
@@ -150,6 +151,40 @@ def test_a_second_lab_folder_with_the_same_master_keeps_its_own_rules(simlan2, l
             for rule in rules:
                 if rule not in ufw_added(simlan2, host):
                     simlan2.exec(host, ["sh", "-c", f"{rule} >/dev/null"], timeout=30)
+
+
+def test_rules_of_a_moved_lab_folder_and_of_the_old_tag_form_go_another_labs_stay(simlan2, lab, first_launch):
+    """Leftovers on node1: a rule of this lab's in the tag form before ddplab/lab_tag.py was its one home,
+    and a rule of a lab folder that moved away (root's record names a folder without a lab now), each on a
+    port no run uses; beside them another lab's rule, whose record names a lab folder that is there. The next
+    prepare removes the two leftovers and the moved folder's record, and keeps the other lab's rule and record
+    and this lab's rules (the old code kept every leftover: nothing recorded them as the lab's)."""
+    _prepared(first_launch)
+    addr = simlan2.host("node0").addr
+    before = ufw_added(simlan2, "node1")
+    moved, other = "ddplab-lab-0000dead", "ddplab-lab-0000beef"
+    retired = retired_rule_comment(addr, "/root/ddplab")
+    records = {moved: "/root/ddplab-moved", other: "/root/ddplab-other"}
+    plant = ["mkdir -p /root/ddplab-other /var/lib/ddplab && touch /root/ddplab-other/.ddplab-lab"]
+    for comment, port in ((retired, 29501), (moved, 29502), (other, 29503)):
+        plant.append(f"ufw allow from {addr} to any port {port} proto tcp comment {comment} >/dev/null")
+    for comment, root in records.items():
+        spec = json.dumps({"comment": comment, "root": root, "host": "node1", "enabled_ufw": False})
+        plant.append(f"echo '{spec}' > /var/lib/ddplab/firewall-{comment}-node1.json")
+    try:
+        simlan2.exec("node1", ["sh", "-c", " && ".join(plant)], timeout=60, check=True)
+        proc = playbook("prepare.yml", "--tags", "firewall", inventory=simlan2.inventory_dir, extra=lab,
+                        timeout=300)
+        assert proc.returncode == 0, tail(proc)
+        after = ufw_added(simlan2, "node1")
+        kept = f"ufw allow from {addr} to any port 29503 proto tcp comment '{other}'"
+        assert after == [*before, kept], after
+        left = simlan2.exec("node1", ["ls", "/var/lib/ddplab"], timeout=30, check=True).stdout.split()
+        assert f"firewall-{other}-node1.json" in left and f"firewall-{moved}-node1.json" not in left, left
+    finally:
+        simlan2.exec("node1", ["sh", "-c", f"ufw delete allow from {addr} to any port 29503 proto tcp; "
+                               f"rm -rf /root/ddplab-other /var/lib/ddplab/firewall-{other}-node1.json"],
+                     timeout=60)
 
 
 def test_second_prepare_changes_nothing_and_check_diff_is_clean(simlan2, lab, first_launch):

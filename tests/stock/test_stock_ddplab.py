@@ -34,8 +34,6 @@ from tests.helpers.playbooks import BIN, REPO, make_shards, playbook, recap, tai
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
-LAB = "/home/lab/ddplab"  # the lab folder on the stock hosts (ddplab_root ~/ddplab of `lab`)
-
 
 @pytest.fixture(scope="module")
 def stock(stock_hosts, tmp_path_factory):
@@ -128,7 +126,7 @@ def test_inactive_ufw_stays_off_with_the_peer_rule_and_the_limit_rule_kept(stock
     assert prepared[0].returncode == 0, tail(prepared[0])
     c, addr = stock["cluster"], stock["addr"]
     assert not ufw_active(c, "node0")
-    rules = peer_rules(addr["node1"], addr["node0"], ephemeral_ports(c, "node0"), lab_root=LAB)
+    rules = peer_rules(addr["node1"], addr["node0"], ephemeral_ports(c, "node0"))
     assert ufw_added(c, "node0") == ["ufw limit 22/tcp", *rules]
     assert "ufw is inactive, so it blocks nothing" in prepared[0].stdout
     assert "node1: neither ufw nor firewalld is installed" in prepared[0].stdout
@@ -236,7 +234,7 @@ def test_firewall_enable_turns_ufw_on_and_adds_no_ssh_rule(stock, prepared):
     assert on.returncode == 0, tail(on)
     assert ufw_active(c, "node0")
     # the user's `limit 22/tcp` already lets SSH in: it stays, and nothing wider appears
-    rules = peer_rules(addr["node1"], addr["node0"], ephemeral_ports(c, "node0"), lab_root=LAB)
+    rules = peer_rules(addr["node1"], addr["node0"], ephemeral_ports(c, "node0"))
     assert ufw_added(c, "node0") == ["ufw limit 22/tcp", *rules]
     assert as_lab(c, "node0", "true").returncode == 0  # still reachable over SSH
 
@@ -278,7 +276,7 @@ def test_cleanup_never_locks_the_user_out(stock, prepared):
         on = playbook("prepare.yml", "--tags", "firewall", inventory=stock["inv"],
                       extra={**stock["extra"], "firewall_enable": "true"}, timeout=300)
         assert on.returncode == 0, tail(on)
-        record = f"/var/lib/ddplab/firewall-{lab_comment(stock['addr']['node0'], LAB)}-node0.json"
+        record = f"/var/lib/ddplab/firewall-{lab_comment(stock['addr']['node0'])}-node0.json"
         c.exec("node0", ["rm", record], timeout=30, check=True)  # as if the user had turned ufw on themselves
         clean = playbook("stop.yml", "--tags", "firewall_cleanup", inventory=stock["inv"],
                          extra=stock["extra"], timeout=300)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
+
+from ddplab.lab_tag import lab_tag, retired_rule_comment, rule_comment
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
@@ -86,11 +89,38 @@ def test_a_rule_the_node_has_under_another_comment_is_not_added_again():
 
 
 def test_two_lab_folders_with_the_same_master_have_two_tags():
-    a, b = ufw.lab_tag("10.77.3.10", "/home/alice/ddplab"), ufw.lab_tag("10.77.3.10", "/home/bob/ddplab")
-    assert a != b and a.startswith("ddplab-lab-10.77.3.10-") and len(a) == len("ddplab-lab-10.77.3.10-") + 8
-    assert ufw.lab_tag("10.77.3.10", "/home/alice/ddplab") == a
+    a, b = (rule_comment(lab_tag("10.77.3.10", root)) for root in ("/home/alice/ddplab", "/home/bob/ddplab"))
+    assert a != b and re.fullmatch(r"ddplab-lab-[0-9a-f]{8}", a)
     rule = f"ufw allow from 10.77.3.11 to any port 29500 proto tcp comment '{a}'"
     assert ufw.ufw_rules([rule])[0]["comment"] == a
+
+
+MINE, ROOT = "ddplab-lab-0000000a", "/home/alice/ddplab"
+RETIRED = retired_rule_comment("10.77.3.10", ROOT)
+
+
+def record(comment, root, lab_there=True, enabled=False):
+    return {"file": f"/var/lib/ddplab/firewall-{comment}-n1.json", "comment": comment, "root": root,
+            "enabled_ufw": enabled, "lab_there": lab_there}
+
+
+def test_leftovers_are_this_labs_old_tags_and_gone_labs_never_another_labs():
+    rules = ufw.ufw_rules([f"ufw allow from 10.77.3.11 to any port {p} proto tcp comment '{c}'" for p, c in (
+        (29500, MINE), (29501, RETIRED), (29502, "ddplab-lab-0000000b"), (29503, "ddplab-lab-0000000c"),
+        (29504, "ddplab-lab-0000000d"), (29505, "ddplab-lab-0000000e"), (29506, "someone-else"))])
+    records = [record(MINE, ROOT),
+               record(RETIRED, None, lab_there=False, enabled=True),  # the old form's record: no folder named
+               record("ddplab-lab-0000000b", ROOT),  # this lab folder under another tag (the master moved)
+               record("ddplab-lab-0000000c", "/home/alice/old", lab_there=False),  # a folder that moved away
+               record("ddplab-lab-0000000d", "/home/bob/ddplab"),  # another lab, whose folder is there
+               record("ddplab-lab-0000000e", None, lab_there=False)]  # names no folder: not provably gone
+    out = ufw.ufw_leftovers(rules, records, MINE, RETIRED, ROOT)
+    assert out["comments"] == sorted([RETIRED, "ddplab-lab-0000000b", "ddplab-lab-0000000c"])
+    assert [r["port"] for r in out["rules"]] == ["29501", "29502", "29503"]
+    assert [r["port"] for r in out["rest"]] == ["29500", "29504", "29505", "29506"]
+    assert out["files"] == [records[i]["file"] for i in (1, 2, 3)]
+    assert out["enabled_ufw"]  # the old form's record says this lab turned ufw on
+    assert not ufw.ufw_leftovers(rules, records[2:], MINE, RETIRED, ROOT)["enabled_ufw"]
 
 
 def test_the_ephemeral_port_range_is_written_as_ufw_wants_it():

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import shlex
 import socket
+
+from ddplab.lab_tag import RULE_PREFIX
 
 SSH_NAMES = {"ssh", "openssh"}
 
@@ -68,12 +69,26 @@ def ufw_stale(rules, peers, ports, ssh_port):
     return [r for r in rules if id(r) not in ssh and not _peer_rule(r, peers, ports)]
 
 
-def lab_tag(master_addr, lab_root):
-    """The comment on this lab's ufw rules and the name of its records: the master's address and this node's
-    lab folder (hashed: a path may hold characters ufw's comment does not), so two labs with the same master
-    (two users, or one user's two lab folders) never take each other's rules for their own."""
-    folder = hashlib.sha256(str(lab_root).encode()).hexdigest()[:8]
-    return f"ddplab-lab-{master_addr}-{folder}"
+def ufw_leftovers(rules, records, comment, retired, root):
+    """This lab's rules under a tag it no longer has, and their records: {"rules", "rest" (the other rules),
+    "comments", "files", "enabled_ufw"}. ``records`` are nodeprobe/firewall_read.py's (root's own, written
+    by this role only). A comment is a leftover when it is ddplab's (``ddplab-lab-``) and provably this
+    lab's or a gone lab's: ``retired`` (this lab's comment in the form before ddplab/lab_tag.py was its
+    one home), a record of this node's lab folder ``root`` under another tag (the master's address or
+    folder changed), or a record whose lab folder holds no lab any more (the lab folder moved or went).
+    Another lab's record, whose folder is there, and a record that names no folder are never leftovers.
+    ``enabled_ufw``: this lab turned ufw on (its current record or one of its own folder's says so), so
+    the cleanup turns it back off."""
+    def own(r):
+        return r["comment"] == retired or r["root"] == root
+
+    old = [r for r in records if r["comment"] != comment and r["comment"].startswith(RULE_PREFIX)
+           and (own(r) or (r["root"] is not None and not r["lab_there"]))]
+    comments = sorted({retired} | {r["comment"] for r in old})
+    return {"rules": [r for r in rules if r["comment"] in comments],
+            "rest": [r for r in rules if r["comment"] not in comments],
+            "comments": comments, "files": [r["file"] for r in old],
+            "enabled_ufw": any(r["enabled_ufw"] for r in records if r["comment"] == comment or own(r))}
 
 
 def ufw_missing_peer_rules(rules, peers, ports):
@@ -87,14 +102,15 @@ def ufw_missing_peer_rules(rules, peers, ports):
     return [{"src": p, "port": port} for p in peers for port in ports if (p, port) not in have]
 
 
-def ufw_cleanup(rules, comment, active, enabled_by_us, ssh_port):
+def ufw_cleanup(rules, comments, active, enabled_by_us, ssh_port):
     """What `stop.yml -e ddplab_firewall_cleanup=true` does on one node: {"delete": [rules], "keep_ssh":
-    [rules], "disable": bool}. Only rules tagged ``comment`` (this lab's) are deleted; ufw goes back off
-    when this lab turned it on; an SSH rule of ours stays while ufw stays on and no other rule lets SSH in,
-    so a cleanup never locks the user out."""
-    ours = [r for r in rules if r["comment"] == comment]
+    [rules], "disable": bool}. Only rules tagged one of ``comments`` (this lab's, and its leftovers) are
+    deleted; ufw goes back off when this lab turned it on; an SSH rule of ours stays while ufw stays on and no
+    other rule lets SSH in, so a cleanup never locks the user out."""
+    comments = [comments] if isinstance(comments, str) else list(comments)
+    ours = [r for r in rules if r["comment"] in comments]
     disable = bool(active and enabled_by_us)
-    others_ssh = [r for r in ufw_ssh_rules(rules, ssh_port) if r["comment"] != comment]
+    others_ssh = [r for r in ufw_ssh_rules(rules, ssh_port) if r["comment"] not in comments]
     keep = [] if disable or not active or others_ssh else ufw_ssh_rules(ours, ssh_port)
     keep_ids = {id(r) for r in keep}
     return {"delete": [r for r in ours if id(r) not in keep_ids], "keep_ssh": keep, "disable": disable}
@@ -131,6 +147,6 @@ def port_range(text):
 class FilterModule:
     def filters(self):
         return {"ufw_rules": ufw_rules, "ufw_ssh_rules": ufw_ssh_rules, "ufw_stale": ufw_stale,
-                "lab_tag": lab_tag,
+                "ufw_leftovers": ufw_leftovers,
                 "ufw_missing_peer_rules": ufw_missing_peer_rules, "ufw_cleanup": ufw_cleanup,
                 "port_range": port_range, "ipv4_addrs": ipv4_addrs}
