@@ -5,10 +5,11 @@ every setting before a node is touched; write the generated defaults and docs); 
 the preflight's probes); smoke-verdict (decide the launch from the smoke run of your code); compile-ship
 (which nodes get the master's warm torch.compile cache); code-tree (plan a code sync); sync-push (rsync
 files to a node, with progress); distribution (star or relay, and why); relay (send changed files once,
-the nodes pass them on); interrupt-guard (stop a run when its waiting playbook is interrupted);
-check-requirements (refuse a requirements file that asks for another torch); tune (tokens/s of 1 node x
-1 process, 1 node x N processes and all nodes); export sbatch (the run as a self-contained sbatch script
-for a Slurm cluster ddplab does not manage); secrets (the lab's 0700 folder of control-side keys).
+the nodes pass them on); relay-leftovers (the relay key an older ddplab left in runs/); interrupt-guard
+(stop a run when its waiting playbook is interrupted); check-requirements (refuse a requirements file that
+asks for another torch); tune (tokens/s of 1 node x 1 process, 1 node x N processes and all nodes); export
+sbatch (the run as a self-contained sbatch script for a Slurm cluster ddplab does not manage); secrets
+(the lab's 0700 folder of control-side keys).
 """
 
 import argparse
@@ -33,6 +34,7 @@ VERBS = {
     "code-tree": "ddplab.code_tree",
     "sync-push": "ddplab.sync_push",
     "relay": "ddplab.relay",
+    "relay-leftovers": "ddplab.relay_leftovers",
     "distribution": "ddplab.distribution",
     "interrupt-guard": "ddplab.interrupt_guard",
     "check-requirements": "ddplab.check_requirements",
