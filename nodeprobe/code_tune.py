@@ -2,9 +2,9 @@
 
 The 1-node layouts of ``python -m ddplab tune`` (1 process, N processes): the entry point (your code, or
 the built-in trainer with the arguments the launch gives it) runs as ``world`` ranks on this node, with
-nodeprobe/code_smoke.py's launcher (a scratch copy of the code, removed at its end; the store on
-127.0.0.1 and gloo on ``lo``: nothing listens beyond loopback; every process in one process group, ended
-together), without its recording shim, for at most ``seconds``. Rank 0's output is read with
+the smoke run's launcher, nodeprobe/smoke_launch.py (a scratch copy of the code, removed at its end; the
+store on 127.0.0.1 and gloo on ``lo``: nothing listens beyond loopback; every process in one process group,
+ended together), without its recording shim, for at most ``seconds``. Rank 0's output is read with
 nodeprobe/log_metrics.py (``log_pattern``: ddplab_log_pattern) into records (step, loss, tokens/s, step
 time, all-reduce time where printed) and kept as ``log`` in ``out`` (a file of the run folder).
 
@@ -15,19 +15,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodeprobe import code_smoke, log_metrics
+from nodeprobe import log_metrics, smoke_launch
 from nodeprobe.spec import read_spec
 
 
 def code_tune(spec: dict) -> dict:
     scratch = Path(spec["scratch"])
-    code_smoke.make_scratch(scratch)
+    smoke_launch.make_scratch(scratch)
     try:
-        run = code_smoke.run_ranks({**spec, "measure": True, "steps": 0}, scratch)
+        run = smoke_launch.run_ranks({**spec, "measure": True, "steps": 0}, scratch)
         log = scratch / f"logs-{run['name']}" / "rank0.log"
         text = log.read_text(errors="replace") if log.exists() else ""
     finally:
-        code_smoke.remove_scratch(scratch)
+        smoke_launch.remove_scratch(scratch)
     if spec.get("out"):
         out = Path(spec["out"])
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -45,7 +45,7 @@ def code_tune(spec: dict) -> dict:
     last = " | ".join(run["ranks"][codes.index(failed[0])]["log_tail"][-2:]) if failed else ""
     note = (f"a rank exited with code {failed[0]}: {last}" if failed
             else "stopped after the time limit" if run["timed_out"] else "ran to its end")
-    return {"probe": "code-tune", "world": int(spec.get("world") or code_smoke.WORLD), **read,
+    return {"probe": "code-tune", "world": int(spec.get("world") or smoke_launch.WORLD), **read,
             "seconds": run["seconds"], "timed_out": run["timed_out"], "note": note}
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from nodeprobe.spec import SpecError, read_spec
 
 SEED = "seed.tar"
-SOURCES = "smoke-rank*"  # the smoke run's rank folders (nodeprobe/code_smoke.py compile_cache)
+SOURCES = "smoke-rank*"  # the smoke run's rank folders (nodeprobe/smoke_launch.py compile_cache)
 SKIP = ("tmp", "locks")  # precompiled headers (large, rebuilt when needed) and lock files
 NAME = re.compile(r"^[A-Za-z0-9_.+=-]+(/[A-Za-z0-9_.+=-]+)*$")
 MAX_BYTES = 4 << 30

@@ -27,7 +27,7 @@ from trainer.config import TrainConfig, UsageError
 from trainer.local_sgd import crossed
 
 if TYPE_CHECKING:
-    from trainer.train import Parts
+    from trainer.start import Parts
 
 _NAME = re.compile(r"^step_(\d{6,})\.pt$")
 # settings that must match between a checkpoint and the run that resumes it

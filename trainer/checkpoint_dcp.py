@@ -36,7 +36,7 @@ from trainer import dist as D
 from trainer.config import TrainConfig, UsageError
 
 if TYPE_CHECKING:
-    from trainer.train import Parts
+    from trainer.start import Parts
 
 _NAME = re.compile(r"^step_(\d{6,})\.dcp$")
 MANIFEST = "MANIFEST.sha256"

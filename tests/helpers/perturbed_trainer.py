@@ -15,11 +15,11 @@ import sys
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-import trainer.train
+import trainer.start
 from trainer.train import main
 
 _steps = 0
-_GPT = trainer.train.GPT
+_GPT = trainer.start.GPT
 
 
 def _mine() -> bool:
@@ -44,5 +44,5 @@ def _nudge(optimizer, args, kwargs) -> None:
 
 if __name__ == "__main__":
     register_optimizer_step_post_hook(_nudge)
-    trainer.train.GPT = _built
+    trainer.start.GPT = _built  # the model build() makes
     sys.exit(main(sys.argv[1:]))

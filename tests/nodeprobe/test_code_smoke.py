@@ -18,7 +18,7 @@ import pytest
 
 from ddplab.code_check import check
 from ddplab.smoke_verdict import line_ran
-from nodeprobe import code_smoke
+from nodeprobe import code_smoke, smoke_launch
 from tests.helpers.probes import REPO
 
 pytestmark = pytest.mark.slow
@@ -309,9 +309,9 @@ def test_local_rank_for_the_rank_trains_on_a_lab_of_one_node(tmp_path):
 
 
 def test_a_compile_cache_set_in_ddplab_env_is_kept(tmp_path):
-    env = code_smoke.rank_env({"user_env": {"TORCHINDUCTOR_CACHE_DIR": "/srv/mine"}}, 1, 1, tmp_path)
+    env = smoke_launch.rank_env({"user_env": {"TORCHINDUCTOR_CACHE_DIR": "/srv/mine"}}, 1, 1, tmp_path)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/srv/mine"
-    env = code_smoke.rank_env({"compile_cache": str(tmp_path / "cc")}, 1, 1, tmp_path)
+    env = smoke_launch.rank_env({"compile_cache": str(tmp_path / "cc")}, 1, 1, tmp_path)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cc" / "smoke-rank1")
     assert env["TMPDIR"] == str(tmp_path / "cc" / "smoke-rank1" / "tmp")
 
@@ -332,8 +332,8 @@ def test_large_files_are_linked_small_ones_copied(tmp_path):
     src, dest = tmp_path / "src", tmp_path / "dest"
     (src / "data").mkdir(parents=True)
     (src / "train.py").write_text("print('hi')\n")
-    (src / "data" / "big.bin").write_bytes(b"\0" * (code_smoke.LINK_BYTES + 1))
-    assert code_smoke.copy_tree(src, dest) == {"copied": 1, "linked": 1}
+    (src / "data" / "big.bin").write_bytes(b"\0" * (smoke_launch.LINK_BYTES + 1))
+    assert smoke_launch.copy_tree(src, dest) == {"copied": 1, "linked": 1}
     assert (dest / "data" / "big.bin").is_symlink() and not (dest / "train.py").is_symlink()
 
 
@@ -342,7 +342,7 @@ def test_a_folder_that_is_not_ddplabs_is_left_alone(tmp_path):
     scratch.mkdir()
     (scratch / "mine.txt").write_text("user data\n")
     with pytest.raises(RuntimeError, match="is not ddplab's smoke folder"):
-        code_smoke.make_scratch(scratch)
+        smoke_launch.make_scratch(scratch)
     assert (scratch / "mine.txt").exists()
 
 

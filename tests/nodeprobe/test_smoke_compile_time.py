@@ -1,7 +1,8 @@
-"""The smoke run's limit does not count torch.compile (nodeprobe/code_smoke.py compile_seconds): the seconds
+"""The smoke run's limit does not count torch.compile (nodeprobe/smoke_launch.py compile_seconds): the seconds
 the slowest rank spent compiling, an ongoing compile included, up to MAX_COMPILE_S."""
 
-from nodeprobe.code_smoke import MAX_COMPILE_S, compile_seconds, compiling
+from nodeprobe.smoke_judge import compiling
+from nodeprobe.smoke_launch import MAX_COMPILE_S, compile_seconds
 
 
 def test_the_slowest_ranks_compile_is_credited_an_ongoing_one_included():
