@@ -10,7 +10,8 @@ ddplab_node_argv lookup); no role names a Python or a code folder for node code 
   (site-probe, prereqs);
 - any other verb: ``python -m nodeprobe VERB`` in the lab's code folder, with Ansible's interpreter, or for a
   verb of ``nodeprobe.PINNED_PYTHON`` (torch) the Python the lab's record names (torch_env writes it). A node
-  without them answers exit 3 and one line "... the node is not prepared".
+  without them answers exit 3 and one line "ddplab: error: this node is not prepared: WHAT; fix: run
+  playbooks/prepare.yml" (preflight's verdict names the host, ddplab/preflight/judge.py fold_unprepared).
 """
 
 from __future__ import annotations
@@ -30,16 +31,17 @@ BOOT = "import sys; exec(compile(sys.stdin.read(int(sys.argv.pop(1))), {name!r},
 # The synced code's verbs: a fixed program, its values as positional arguments (nothing is quoted into it).
 # $1: the interpreter, or @FILE naming it (the lab's record); $2: the code folder. A leading ~ is the node's
 # home (the lab folder of a node left out by --limit comes unresolved from the inventory).
-SYNCED = r"""py=$1 c=$2; shift 2; case $c in "~"/*) c=$HOME${c#"~"};; esac
+SYNCED = r"""py=$1 c=$2; shift 2; fix="fix: run playbooks/prepare.yml"
+case $c in "~"/*) c=$HOME${c#"~"};; esac
 case $py in @*) f=${py#@}; case $f in "~"/*) f=$HOME${f#"~"};; esac
   py=$(cat "$f" 2>/dev/null) && [ -x "$py" ] ||
   { v=$(python3 -c 'import platform, sys; print("%d.%d" % sys.version_info[:2], platform.machine())' \
       2>/dev/null)
-    echo "ddplab: error: $f names no Python: the node is not prepared${v:+ (its python3: $v)}" >&2
+    echo "ddplab: error: this node is not prepared: $f names no Python${v:+ (its python3: $v)}; $fix" >&2
     exit 3; };;
 esac
 cd "$c" 2>/dev/null && [ -d nodeprobe ] ||
-{ echo "ddplab: error: no $c/nodeprobe: the node is not prepared" >&2; exit 3; }
+{ echo "ddplab: error: this node is not prepared: no $c/nodeprobe; $fix" >&2; exit 3; }
 PYTHONPATH=. PYTHONDONTWRITEBYTECODE=1 exec "$py" -m nodeprobe "$@"
 """
 

@@ -136,6 +136,13 @@ class Judge:
         return [x for x in self.hosts if self.hosts[x].get("local")] if self.hosts[h].get("local") else [h]
 
 
+def unprepared_reason(detail: str, host: str) -> str:
+    """What a node's probe said is missing, without the words the verdict says itself: the node's line
+    "ddplab: error: this node is not prepared: WHAT; fix: ..." (ddplab/node_command.py) becomes WHAT."""
+    said = detail.split(f"failed on {host}: ", 1)[-1].removeprefix("ddplab: error: ")
+    return said.removeprefix("this node is not prepared: ").split("; fix: ", 1)[0]
+
+
 def fold_unprepared(j: Judge) -> list[str]:
     """One FAIL per node that was never prepared, not one per check: its first check that failed for
     that reason says so (with the probe's own words) and names the fix; its other checks that failed for
@@ -147,12 +154,12 @@ def fold_unprepared(j: Judge) -> list[str]:
         if not cells:
             continue
         first, cell = cells[0]
-        reason = cell["detail"].split(f"failed on {h}: ", 1)[-1].removeprefix("ddplab: error: ")
+        reason = unprepared_reason(cell["detail"], h)
         wheel = missing_wheel(reason, j.inv.get("wheelhouse_dir"))
         if wheel:
-            j.set(h, first, FAIL, f"{h} is not prepared ({reason}); {wheel[0]}", wheel[1])
+            j.set(h, first, FAIL, f"{h} is not prepared: {reason}; {wheel[0]}", wheel[1])
         else:
-            j.set(h, first, FAIL, f"{h} is not prepared ({reason})", PREPARE_FIX.format(host=h))
+            j.set(h, first, FAIL, f"{h} is not prepared: {reason}", PREPARE_FIX.format(host=h))
         for check, _ in cells[1:]:
             j.set(h, check, SKIP, f"not checked: {h} is not prepared (see {first})")
         folded.append(h)

@@ -173,7 +173,8 @@ def test_nodeprobe_verbs_choose_python_and_code_folder(tmp_path):
     assert res["synced"]["rc"] == 0 and (tmp_path / "placed.txt").read_text() == "hi\n", res["synced"]
     assert oct((tmp_path / "placed.txt").stat().st_mode & 0o777) == "0o600"
     assert res["unprepared"]["rc"] == 3 and res["unprepared"]["stderr"].startswith(
-        f"ddplab: error: {tmp_path}/python names no Python: the node is not prepared (its python3: 3."), \
+        f"ddplab: error: this node is not prepared: {tmp_path}/python names no Python (its python3: 3."), \
         res["unprepared"]
+    assert res["unprepared"]["stderr"].endswith("); fix: run playbooks/prepare.yml"), res["unprepared"]
     # ~ is the node's home; the record's Python is the one that runs (here /bin/false: rc 1, no output)
     assert res["other"]["rc"] == 1 and res["other"]["stderr"] == "", res["other"]

@@ -172,7 +172,7 @@ def test_unreachable_and_unprepared_hosts_fail_fast_with_their_error(tmp_path):
     unprepared = {
         "rc": 3,
         "stdout": "",
-        "stderr": "ddplab: error: /root/ddplab/python names no Python: the node is not prepared",
+        "stderr": "ddplab: error: this node is not prepared: /root/ddplab/python names no Python",
     }
     bundle = {
         "inventory": {"master_port": 29500, "hosts": hosts},

@@ -14,8 +14,9 @@ from ddplab.preflight.judge import FAIL, SKIP, Judge
 from ddplab.preflight.verdict import gate, judge, table
 
 REPO = Path(__file__).resolve().parents[2]
-NOT_PREPARED = {"rc": 3, "stdout": "", "stderr": "ddplab: error: /root/ddplab/python names no Python: the "
-                                               "node is not prepared"}
+NOT_PREPARED = {"rc": 3, "stdout": "", "stderr": (  # the node's line (ddplab/node_command.py)
+    "ddplab: error: this node is not prepared: /root/ddplab/python names no Python; "
+    "fix: run playbooks/prepare.yml")}
 
 
 def bundle(*unprepared: str) -> dict:
@@ -41,8 +42,8 @@ def test_two_fresh_nodes_give_two_fail_lines():
     assert [(f["host"], f["check"]) for f in result["failures"]] == [("a", "python"), ("b", "python")]
     lines = [ln for ln in table(result).splitlines() if ln.startswith("FAIL ")]
     assert lines == [
-        "FAIL a python: a is not prepared (/root/ddplab/python names no Python: the node is not prepared)",
-        "FAIL b python: b is not prepared (/root/ddplab/python names no Python: the node is not prepared)"]
+        "FAIL a python: a is not prepared: /root/ddplab/python names no Python",
+        "FAIL b python: b is not prepared: /root/ddplab/python names no Python"]
     assert "run playbooks/prepare.yml (with -l b to prepare this node alone)" in table(result)
     # the other checks of an unprepared node are not run, and say why
     torch = result["hosts"]["b"]["torch"]
@@ -55,7 +56,7 @@ def test_one_fresh_node_leaves_the_prepared_one_judged_as_before():
     assert result["unprepared"] == ["b"]
     assert [f for f in result["failures"] if f["host"] == "b"] == [
         {"host": "b", "check": "python", "status": FAIL,
-         "detail": "b is not prepared (/root/ddplab/python names no Python: the node is not prepared)",
+         "detail": "b is not prepared: /root/ddplab/python names no Python",
          "fix": "run playbooks/prepare.yml (with -l b to prepare this node alone)"}]
     assert result["hosts"]["a"]["iface"]["status"] != SKIP
     assert "b:python" in gate(result)["failed"]
@@ -80,13 +81,15 @@ def test_a_fresh_node_whose_python_the_wheelhouse_lacks_is_named_with_the_fill(t
     doc = bundle("a", "b")
     doc["inventory"]["wheelhouse_dir"] = str(tmp_path)
     for host, python in (("a", "3.11"), ("b", "3.13")):
-        doc["results"]["gather"][host]["stderr"] += f" (its python3: {python} x86_64)"
+        gather = doc["results"]["gather"][host]
+        gather["stderr"] = gather["stderr"].replace("; fix:", f" (its python3: {python} x86_64); fix:")
     result = verdict(doc)
     fails = {f["host"]: f for f in result["failures"]}
     assert fails["a"]["fix"] == "run playbooks/prepare.yml (with -l a to prepare this node alone)"
     assert fails["b"]["fix"] == 'make wheelhouse PYTHONS="3.13"  # then run playbooks/prepare.yml'
-    assert (f"its python 3.13 x86_64 has no torch 2.13.0 wheel in {tmp_path} (filled for: 3.11 x86_64)"
-            in fails["b"]["detail"])
+    assert fails["b"]["detail"] == (
+        "b is not prepared: /root/ddplab/python names no Python (its python3: 3.13 x86_64); its python 3.13 "
+        f"x86_64 has no torch 2.13.0 wheel in {tmp_path} (filled for: 3.11 x86_64)")
     assert 'fix: make wheelhouse PYTHONS="3.13"' in table(result)
     # no wheelhouse at all: prepare says what to do (make wheelhouse, or the index fallback)
     doc["inventory"]["wheelhouse_dir"] = str(tmp_path / "none")

@@ -27,7 +27,7 @@ BUNDLE = {
         "gather": {"a": _ran({"probe": "gather", "results": {"iface": {"ok": True, "dev": "eth0"},
                                                              "port_holder": {"free": True}}}),
                    "b": {"rc": 3, "stdout": "",
-                         "stderr": "ddplab: error: /r/python names no Python: the node is not prepared"},
+                         "stderr": "ddplab: error: this node is not prepared: /r/python names no Python"},
                    "c": {"skipped": True}},
         "tcp": {"a": _ran({"probe": "connect", "targets": {"b": {"ok": False, "result": "refused"}}}),
                 "b": {"skipped": True}, "c": {"skipped": True}},
