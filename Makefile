@@ -16,6 +16,8 @@ INV ?=
 TUNE_SECONDS ?= 120
 TUNE_PROCS ?= 2
 TUNE_ROUNDS ?= 1
+# make test: nanochat's own dependencies, for the tests that run its real scripts (tests/byo/test_nanochat_local.py)
+NANOCHAT_REQUIREMENTS := tests/byo/fixtures/nanochat/requirements.txt
 # make test: test files run in this many parallel workers, each with its own simulated lab (tests/conftest.py),
 # handed out in the order tests/conftest.py sorts them (xdist would otherwise start the files with most tests first)
 TEST_WORKERS ?= 3
@@ -40,7 +42,13 @@ lint: setup  ## ruff + ansible-lint (production profile)
 	$(BIN)/ruff check .
 	$(BIN)/ansible-lint --offline --profile production
 
-test: setup lint  ## Lint, then the whole test suite (simulated hosts need root)
+# the venv's own torch is named in the same install: nanochat's dependencies never bring another
+$(BIN)/.nanochat-installed: $(BIN)/.ddplab-installed $(NANOCHAT_REQUIREMENTS)
+	$(BIN)/pip install --quiet -r $(NANOCHAT_REQUIREMENTS) \
+	  "torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')"
+	touch $@
+
+test: setup $(BIN)/.nanochat-installed lint  ## Lint, then the whole test suite (simulated hosts need root)
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test-fast: setup  ## Tests without the slow and simlan markers

@@ -12,8 +12,8 @@ torch.compile's inductor takes minutes on 2 shared CPUs before the first step (n
 model and its fused optimizer steps with fullgraph=True, so TORCH_COMPILE_DISABLE=1 breaks it); the runs
 here keep dynamo and run its graphs eagerly (TORCH_COMPILE_OVERRIDE_BACKENDS), which changes no
 collective. nanochat's dependencies (its requirements.txt: wandb, rustbpe, tiktoken, ...) are not
-ddplab's: without them the runs are skipped, naming what is missing; the CPU check of the same code needs
-none of them.
+ddplab's (`make test` installs them, the Makefile's NANOCHAT_REQUIREMENTS): without them the runs are
+skipped, naming what is missing; the CPU check of the same code needs none of them.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ DEPS = {"wandb": "wandb", "rustbpe": "rustbpe", "tiktoken": "tiktoken", "request
         "yaml": "pyyaml", "jinja2": "jinja2", "pyarrow": "pyarrow", "filelock": "filelock"}
 MISSING = sorted(pip for mod, pip in DEPS.items() if importlib.util.find_spec(mod) is None)
 needs_deps = pytest.mark.skipif(
-    bool(MISSING), reason=f"nanochat's own dependencies are not installed ({', '.join(MISSING)}): "
-    f"pip install -r {FIXTURE.relative_to(FIXTURE.parents[3])}/requirements.txt")
+    bool(MISSING), reason=f"nanochat's own dependencies are not installed ({', '.join(MISSING)}): make test "
+    f"installs them, or pip install -r {FIXTURE.relative_to(FIXTURE.parents[3])}/requirements.txt")
 STEPS = 2
 TRAIN_ARGS = ["--device-type=cpu", "--depth=2", "--max-seq-len=128", "--device-batch-size=1",
               "--total-batch-size=256", "--window-pattern=L", f"--num-iterations={STEPS}",
