@@ -12,6 +12,9 @@ SPEC::
     {"master": "node0", "seed": {"files": 12, "bytes": 345, "sha256": "..."},
      "nodes": {"node0": <fingerprint>, "node1": <fingerprint>, ...}}   # nodeprobe compile-seed fingerprint
 
+``seed`` and each node's value may also be the text the node printed (``compile-seed pack``'s JSON, and
+``compile-seed fingerprint``'s, whose ``fingerprint`` is read): roles/launch passes the answers as they came.
+
 Prints ``{"ship": ["node0", "node1"], "lines": ["..."]}``: ``ship`` the nodes whose ranks get the seed (the
 master too: its ranks' folders are not the smoke run's).
 """
@@ -47,6 +50,14 @@ def mismatch(master: dict, node: dict) -> str:
     return ""
 
 
+def as_printed(spec: dict) -> dict:
+    """The spec with the nodes' printed answers read (see SPEC)."""
+    seed = spec.get("seed")
+    nodes = {name: json.loads(v)["fingerprint"] if isinstance(v, str) else v
+             for name, v in (spec.get("nodes") or {}).items()}
+    return {**spec, "seed": json.loads(seed) if isinstance(seed, str) else seed, "nodes": nodes}
+
+
 def decide(spec: dict) -> dict:
     master = spec["master"]
     nodes = spec.get("nodes") or {}
@@ -74,8 +85,8 @@ def decide(spec: dict) -> dict:
 def cmd_compile_ship(args) -> int:
     text = sys.stdin.read()
     try:
-        spec = json.loads(text)
-    except ValueError:
+        spec = as_printed(json.loads(text))
+    except (ValueError, KeyError, TypeError):
         raise DdplabError(f"compile-ship: the spec on stdin is not JSON: {text.strip()[:200]!r}") from None
     print(json.dumps(decide(spec)))
     return 0

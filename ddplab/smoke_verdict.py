@@ -171,10 +171,19 @@ def decide(result: dict, node: str, entry: str, findings: list[Finding]) -> tupl
     return 1, lines
 
 
+def node_output(task: dict) -> str:
+    """The smoke run's JSON from its ddplab_node task result: its stdout when it exited 0, else an error
+    holding what it printed."""
+    if task.get("rc", 1) == 0:
+        return task.get("stdout") or ""
+    said = f"{task.get('stdout') or ''} {task.get('stderr') or ''}".strip()
+    return json.dumps({"error": said or task.get("msg") or f"exit code {task.get('rc')}"})
+
+
 def cmd_smoke_verdict(args) -> int:
     text = sys.stdin.read()
     try:
-        result = json.loads(text)
+        result = json.loads(node_output(json.loads(text)) if args.task_result else text)
     except ValueError:
         raise DdplabError(f"the smoke run printed no JSON on {args.node}: {text.strip()[-300:]!r}") from None
     findings = check(args.code_dir, args.entrypoint)["findings"] if args.code_dir else []
@@ -188,4 +197,6 @@ def add_parser(sub):
     p.add_argument("--node", required=True, help="the node the smoke run ran on (named in messages)")
     p.add_argument("--code-dir", default="", help="ddplab_code_dir: the scan's hints come from it")
     p.add_argument("--entrypoint", required=True, help='ddplab_entrypoint ("train.py" or "-m pkg.mod")')
+    p.add_argument("--task-result", action="store_true",
+                   help="stdin is the smoke run's task result (rc, stdout, stderr), not its JSON")
     p.set_defaults(func=cmd_smoke_verdict)

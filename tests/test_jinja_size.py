@@ -17,19 +17,9 @@ CONDITIONS = {"when", "changed_when", "failed_when", "until", "that"}
 EXPRESSION = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
 STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
 FILTER = re.compile(r"(?<!\|)\|(?!\|)\s*[A-Za-z_]")
-# Not moved yet (a ratchet, not an allowlist: lower a count when one moves, never raise it): the expressions
-# over the limits per file, 26 when this test came (issue 48).
-LEFT = {
-    "roles/code_sync/tasks/main.yml": 2, "roles/code_sync/tasks/push.yml": 2,
-    "roles/code_sync/tasks/relay.yml": 1,
-    "roles/firewall/tasks/cleanup.yml": 1, "roles/lab_facts/tasks/resolve.yml": 3,
-    "roles/launch/tasks/compile_seed.yml": 1, "roles/launch/tasks/main.yml": 2,
-    "roles/launch/tasks/node_facts.yml": 2, "roles/launch/tasks/smoke.yml": 2,
-    "roles/launch/tasks/tune.yml": 1,
-    "roles/launch/vars/main.yml": 1, "roles/logs/tasks/main.yml": 1, "roles/preflight/tasks/main.yml": 1,
-    "roles/relay_ssh/tasks/main.yml": 1, "roles/slurm/tasks/main.yml": 2,
-    "roles/torch_env/tasks/push_wheels.yml": 1, "roles/torch_env/tasks/requirements.yml": 2,
-}
+# Not moved yet (a ratchet, not an allowlist: lower a count when one moves, never raise it). 26 expressions
+# when this test came (issue 48); preflight's verdict lines are left to the change that reworks that role.
+LEFT = {"roles/preflight/tasks/main.yml": 1}
 
 
 def filters(expression: str) -> int:

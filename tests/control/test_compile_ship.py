@@ -38,3 +38,12 @@ def test_the_verb_reads_json_and_refuses_other_input_without_a_traceback():
     bad = subprocess.run([sys.executable, "-m", "ddplab", "compile-ship"], capture_output=True, text=True,
                          input="nope", timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "not JSON" in bad.stderr
+
+
+def test_the_nodes_answers_are_read_as_they_printed_them():
+    """roles/launch passes `compile-seed pack`'s and each node's `compile-seed fingerprint` output as text."""
+    printed = {"master": "n", "seed": json.dumps(SEED),
+               "nodes": {"n": json.dumps({"fingerprint": FP}), "m": json.dumps({"fingerprint": FP})}}
+    ok = subprocess.run([sys.executable, "-m", "ddplab", "compile-ship"], capture_output=True, text=True,
+                        input=json.dumps(printed), timeout=60)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["ship"] == ["m", "n"], ok.stderr

@@ -2,10 +2,11 @@
 remembered, or did not run: the scan's errors refuse only when the smoke run gave no verdict. The
 verdicts on real runs are tested in tests/nodeprobe/test_code_smoke.py."""
 
+import json
 from pathlib import Path
 
 from ddplab.code_check import check
-from ddplab.smoke_verdict import decide
+from ddplab.smoke_verdict import decide, node_output
 
 FIXTURES = Path(__file__).resolve().parents[1] / "nodeprobe" / "smoke_fixtures"
 TIMED_OUT = {"verdict": "inconclusive", "seconds": 90.2, "problems": [],
@@ -94,3 +95,13 @@ def test_an_early_exit_without_sys_exit_is_placed_at_the_scans_guard_that_ran():
     assert code == 1
     assert ("without an optimizer step at example.py:98 (the CPU check's place); patch: check the arguments"
             in lines[0])
+
+
+def test_the_task_result_gives_the_runs_json_or_what_a_failed_run_printed():
+    ran = {"rc": 0, "stdout": '{"verdict": "pass"}', "stderr": ""}
+    assert json.loads(node_output(ran)) == {"verdict": "pass"}
+    crashed = {"rc": 1, "stdout": "", "stderr": "Traceback ... ModuleNotFoundError: torch"}
+    assert json.loads(node_output(crashed)) == {"error": "Traceback ... ModuleNotFoundError: torch"}
+    assert json.loads(node_output({"msg": "unreachable"})) == {"error": "unreachable"}
+    code, lines = decide(json.loads(node_output(crashed)), "node0", "train.py", [])
+    assert code == 1 and "ModuleNotFoundError: torch" in lines[0] and "node0" in lines[0]
