@@ -12,41 +12,28 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 
 from ddplab.errors import DdplabError
+from ddplab.node_command import DEFAULT_INTERPRETER, nodeprobe_command, shipped_program
 from ddplab.sync_push import expand, ssh_command, target
 
-# Run on the node as `python3 -I -` with {"base", "dests"} filled in: one round trip, nothing copied there.
-PROBE = """
-import json, os, stat
-spec = json.loads(SPEC)
-path = os.path.abspath(os.path.expanduser(spec["base"]))
-while not os.path.isdir(path):
-    path = os.path.dirname(path)
-st = os.statvfs(path)
-replaced = 0
-for rel in spec["dests"]:
-    try:
-        s = os.lstat(os.path.join(spec["base"], rel))
-    except OSError:
-        continue
-    if stat.S_ISREG(s.st_mode):
-        replaced += s.st_size
-print(json.dumps({"path": path, "free": st.f_bavail * st.f_frsize, "replaced": replaced}))
-"""
-
+ROOM_VERB = "disk-room"  # nodeprobe/disk_room.py, shipped alone
 
 def mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def node_room(conn: dict, base: str, dests: list[str]) -> dict:
-    """{path, free, replaced} of the node folder `base` (over the node's SSH, or here when local)."""
-    program = f"SPEC = {json.dumps(json.dumps({'base': base, 'dests': dests}))}\n{PROBE}"
-    argv = ["python3", "-I", "-"]
+def node_room(spec: dict, dests: list[str]) -> dict:
+    """{path, free, replaced} of the node folder spec["base"] (over the node's SSH, or here when local):
+    nodeprobe/disk_room.py run as spec["room"] says (roles/code_sync: the ddplab_node_argv lookup, the one
+    way node code runs; without it, as ddplab/node_command.py runs a shipped verb by default)."""
+    conn, base = spec["conn"], str(spec["base"])
+    argv = spec.get("room") or nodeprobe_command(ROOM_VERB, [], DEFAULT_INTERPRETER)[0]
     if not conn.get("local"):
-        argv = [*ssh_command(conn), target(conn, "").rstrip(":"), "python3 -I -"]
+        argv = [*ssh_command(conn), target(conn, "").rstrip(":"), "--", shlex.join(argv)]
+    program = shipped_program(ROOM_VERB) + json.dumps({"base": base, "dests": dests})
     proc = subprocess.run(argv, input=program, capture_output=True, text=True, timeout=120, check=False)
     if proc.returncode != 0:
         raise DdplabError(f"could not read the free space of {base} on {target(conn, '').rstrip(':')} "
@@ -62,7 +49,7 @@ def check(spec: dict) -> dict:
     if not files:
         return {"need": 0}
     sizes = {str(f["dest"]): os.path.getsize(f["src"]) for f in files}
-    room = node_room(spec["conn"], str(spec["base"]), sorted(sizes))
+    room = node_room(spec, sorted(sizes))
     need = max(0, sum(sizes.values()) - room["replaced"])
     if need > room["free"]:
         name = spec.get("name") or target(spec["conn"], "").rstrip(":")

@@ -29,6 +29,7 @@ SPEC (JSON on stdin)::
     {"nodes": [{"name": "node0", "root": "/root/ddplab", "addr": "10.0.0.5",   # lab folder, lab address
                 "conn": {...},                                # as sync_push's conn (Ansible's SSH)
                 "take": ["python3", "-I", "-c", ...],         # runs nodeprobe relay-take on the node
+                "room": ["python3", "-I", "-c", ...],         # nodeprobe disk-room (ddplab/disk_room.py)
                 "base": "/root/ddplab/data",                  # the node folder dest is relative to
                 "files": [{"src": "/ctl/data/a.bin", "dest": "a.bin"}],   # or names: sync_push.expand
                 "src_dir": ""},

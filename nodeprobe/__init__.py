@@ -28,9 +28,10 @@ PROBE_VERSION = 1
 # its peers' authorized_keys lines), relay_receive (relay_ssh writes it: the forced command of those lines),
 # relay_take (code_sync's ddplab_node_argv lookup names it, ddplab/relay.py runs it: a relayed batch into
 # place), daemons (slurm: munged, slurmctld and slurmd where the node has no systemd), lab_dirs (ddplab's
-# dirs: the lab folders, 0700), firewall_read (firewall: ufw's rules and root's records of the labs' tags).
+# dirs: the lab folders, 0700), firewall_read (firewall: ufw's rules and root's records of the labs' tags),
+# disk_room (the transfers, ddplab/disk_room.py: the room under a node folder before a byte travels).
 SHIPPED_ALONE = ("prereqs", "lab_dirs", "hashing", "torch_candidates", "procs", "site_probe", "relay_access",
-                 "relay_receive", "relay_take", "daemons", "firewall_read")
+                 "relay_receive", "relay_take", "daemons", "firewall_read", "disk_room")
 
 # Verbs run with the lab's pinned Python (the one with torch), read from the lab's record on the node:
 # preflight's steps (one interpreter for all, "not prepared" when there is none), the smoke and tune runs, and

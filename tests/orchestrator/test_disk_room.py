@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
 from ddplab import disk_room
 from ddplab.errors import DdplabError
+from ddplab.node_command import nodeprobe_command
 
 
 def spec(tmp_path, base, sizes):
@@ -29,7 +31,9 @@ def test_room_counts_the_nearest_existing_folder_and_the_bytes_a_transfer_replac
     assert out["path"] == str(tmp_path / "lab") and out["need"] == 1000
     base.mkdir(parents=True)
     (base / "a.bin").write_bytes(b"y" * 600)  # rewritten in place of its old 600 bytes
-    assert disk_room.check(spec(tmp_path, base, {"a.bin": 1000}))["need"] == 400
+    # the node's command as roles/code_sync passes it (the ddplab_node_argv lookup): nodeprobe disk-room
+    room, _ = nodeprobe_command("disk-room", [], sys.executable)
+    assert disk_room.check({**spec(tmp_path, base, {"a.bin": 1000}), "room": room})["need"] == 400
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
