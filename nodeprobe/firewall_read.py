@@ -1,10 +1,10 @@
-"""``python -I - STATE_DIR HOST`` as root (shipped alone, stdlib only: roles/firewall, prepare and cleanup):
-what the firewall role decides on, in one round trip.
+"""``nodeprobe firewall-read STATE_DIR HOST`` as root (shipped alone, stdlib only: roles/firewall, prepare and
+cleanup): what the firewall role decides on, in one round trip.
 
 Prints ``{"added": [the lines of `ufw show added`], "active": bool, "ports": "32768 60999" (the node's
 ip_local_port_range: gloo listens there), "records": [...]}``. ``records`` are the firewall records ddplab
-wrote in STATE_DIR (root's folder, out of the run users' reach) for HOST: each ``{"file", "comment",
-"root", "enabled_ufw", "lab_there"}`` (root None: a record from before records named their lab folder);
+wrote in STATE_DIR (root's folder, out of the run users' reach) for HOST: each ``{"file", "comment", "root",
+"host", "enabled_ufw", "lab_there"}`` (root None: a record from before records named their lab folder);
 ``lab_there`` says whether the lab folder the record names still holds a ddplab lab (its marker): a record
 whose folder is gone is a lab that moved or went, so its rules are leftovers
 (roles/firewall/filter_plugins/ufw_rules.py ``ufw_leftovers`` decides).
@@ -44,7 +44,7 @@ def records(state_dir: str, host: str) -> list[dict]:
             continue
         root = record.get("root")
         root = root if isinstance(root, str) else None
-        out.append({"file": path, "comment": record["comment"], "root": root,
+        out.append({"file": path, "comment": record["comment"], "root": root, "host": host,
                     "enabled_ufw": record.get("enabled_ufw") is True,
                     "lab_there": root is not None and os.path.isfile(os.path.join(root, MARKER))})
     return out

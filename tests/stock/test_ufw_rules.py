@@ -101,7 +101,7 @@ RETIRED = retired_rule_comment("10.77.3.10", ROOT)
 
 def record(comment, root, lab_there=True, enabled=False):
     return {"file": f"/var/lib/ddplab/firewall-{comment}-n1.json", "comment": comment, "root": root,
-            "enabled_ufw": enabled, "lab_there": lab_there}
+            "host": "n1", "enabled_ufw": enabled, "lab_there": lab_there}
 
 
 def test_leftovers_are_this_labs_old_tags_and_gone_labs_never_another_labs():
@@ -120,6 +120,7 @@ def test_leftovers_are_this_labs_old_tags_and_gone_labs_never_another_labs():
     assert [r["port"] for r in out["rest"]] == ["29500", "29504", "29505", "29506"]
     assert out["files"] == [records[i]["file"] for i in (1, 2, 3)]
     assert out["enabled_ufw"]  # the old form's record says this lab turned ufw on
+    assert out["current"] == {"comment": MINE, "root": ROOT, "host": "n1", "enabled_ufw": False}
     assert not ufw.ufw_leftovers(rules, records[2:], MINE, RETIRED, ROOT)["enabled_ufw"]
 
 

@@ -71,23 +71,25 @@ def ufw_stale(rules, peers, ports, ssh_port):
 
 def ufw_leftovers(rules, records, comment, retired, root):
     """This lab's rules under a tag it no longer has, and their records: {"rules", "rest" (the other rules),
-    "comments", "files", "enabled_ufw"}. ``records`` are nodeprobe/firewall_read.py's (root's own, written
-    by this role only). A comment is a leftover when it is ddplab's (``ddplab-lab-``) and provably this
-    lab's or a gone lab's: ``retired`` (this lab's comment in the form before ddplab/lab_tag.py was its
-    one home), a record of this node's lab folder ``root`` under another tag (the master's address or
-    folder changed), or a record whose lab folder holds no lab any more (the lab folder moved or went).
-    Another lab's record, whose folder is there, and a record that names no folder are never leftovers.
-    ``enabled_ufw``: this lab turned ufw on (its current record or one of its own folder's says so), so
-    the cleanup turns it back off."""
+    "comments", "files", "enabled_ufw", "current" (this lab's record as the node holds it, or None)}.
+    ``records`` are nodeprobe/firewall_read.py's (root's own, written by this role only). A comment is a
+    leftover when it is ddplab's (``ddplab-lab-``) and provably this lab's or a gone lab's: ``retired``
+    (this lab's comment in the form before ddplab/lab_tag.py was its one home), a record of this node's
+    lab folder ``root`` under another tag (the master's address or folder changed), or a record whose lab
+    folder holds no lab any more (the lab folder moved or went). Another lab's record, whose folder is
+    there, and a record that names no folder are never leftovers. ``enabled_ufw``: this lab turned ufw on
+    (its current record or one of its own folder's says so), so the cleanup turns it back off."""
     def own(r):
         return r["comment"] == retired or r["root"] == root
 
     old = [r for r in records if r["comment"] != comment and r["comment"].startswith(RULE_PREFIX)
            and (own(r) or (r["root"] is not None and not r["lab_there"]))]
     comments = sorted({retired} | {r["comment"] for r in old})
+    now = next(({k: r[k] for k in ("comment", "root", "host", "enabled_ufw")} for r in records
+                if r["comment"] == comment), None)
     return {"rules": [r for r in rules if r["comment"] in comments],
             "rest": [r for r in rules if r["comment"] not in comments],
-            "comments": comments, "files": [r["file"] for r in old],
+            "comments": comments, "files": [r["file"] for r in old], "current": now,
             "enabled_ufw": any(r["enabled_ufw"] for r in records if r["comment"] == comment or own(r))}
 
 
