@@ -19,7 +19,9 @@ Bad settings: the validate lines on stderr, exit 2; bad --limit: one line, exit 
 Later steps of launch.yml change the plan without checking the settings again: {"plan": PLAN, "squeue":
 [lines of `squeue --format=%i|%T|%r|%j`], "job_prefix": "ddplab-<lab tag>-"} (ddplab_scheduler slurm: this
 lab's queued or running runs, asked on the master once the settings passed) and {"plan": PLAN, "verdict": RC}
-(the preflight verdict's exit code: prepare and check again when a check did not pass).
+(the preflight verdict's exit code: prepare and check again when a check did not pass) and {"plan": PLAN,
+"ready": {host: the output of `nodeprobe ready`}} (each node's answer: did it pass the checks with these
+inputs, the plan's "inputs" (ddplab/ready_inputs.py), and is it as it was then; nodeprobe/ready.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import json
 import secrets
 import string
 
+from ddplab import ready_inputs
 from ddplab.errors import DdplabError
 from ddplab.settings import layout, validate
 from ddplab.verb_input import input_text
@@ -106,6 +109,30 @@ def after_queue(plan: dict, squeue: list[str], job_prefix: str) -> dict:
     return {**plan, "ask_queue": False, "queue_jobs": jobs, "say": say, "steps": steps}
 
 
+def after_ready(plan: dict, ready: dict) -> dict:
+    """launch.yml on a lab whose every node passed the checks with these inputs and is as it was then
+    (nodeprobe/ready.py): no checks, no preparation. Any node that is not (or did not answer): as before,
+    every node is checked and prepared where a check fails (the links between nodes are checked together)."""
+    hosts = plan["steps"]["preflight"]
+    answers = {h: last_json(ready.get(h) or "") for h in hosts}
+    if not hosts or not all(a.get("ready") is True for a in answers.values()):
+        return {**plan, "ask_ready": False}
+    steps = {**plan["steps"], "preflight": [], "prepare": [], "check": [], "prepare_on_fail": []}
+    return {**plan, "ask_ready": False, "steps": steps}
+
+
+def last_json(text: str) -> dict:
+    """The last line of `text` that is a JSON object, {} when there is none."""
+    for line in reversed(text.splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return data
+    return {}
+
+
 def after_verdict(plan: dict, verdict: int) -> dict:
     """The preflight's verdict (its exit code, 0 = every check passed): prepare, and check again, every node
     when a check did not pass."""
@@ -128,9 +155,22 @@ def decide(inv: dict, command: str, now: float | None = None) -> dict:
     if command in EVERY_NODE:
         left_out(inv, settings, command)
     launch = command == "launch"
+    steps = launch_steps(hosts, settings) if launch else {command: hosts}
+    # launch.yml asks the nodes whether they passed the checks with these inputs, unless it prepares anyway
+    ask_ready = launch and not steps["prepare"]
     return {"command": command, "run_id": run_id(settings, command, now), "run_id_pattern": f"^{RUN_ID}$",
             "ask_queue": launch and settings["ddplab_scheduler"] == "slurm", "queue_jobs": [], "say": [],
-            "steps": launch_steps(hosts, settings) if launch else {command: hosts}}
+            "ask_ready": ask_ready, "inputs": launch_inputs(inv, nodes) if launch else "", "steps": steps}
+
+
+def launch_inputs(inv: dict, nodes: list[str]) -> str:
+    """The launch's input fingerprint (ddplab/ready_inputs.py) from every node's settings and connection."""
+    resolved, connections = {}, {}
+    for h in nodes:
+        host = inv["hosts"].get(h) or {}
+        resolved[h], _ = validate.resolve(host.get("vars") or {}, inv.get("playbook_dir") or "")
+        connections[h] = {k: host.get(k) for k in ("ansible_host", "ansible_connection")}
+    return ready_inputs.fingerprint(resolved, connections)
 
 
 def run(args) -> int:
@@ -144,6 +184,8 @@ def run(args) -> int:
         plan = data["plan"]
         if "squeue" in data:
             plan = after_queue(plan, data["squeue"], data.get("job_prefix", ""))
+        if "ready" in data:
+            plan = after_ready(plan, data["ready"])
         if "verdict" in data:
             plan = after_verdict(plan, int(data["verdict"]))
     else:

@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(verb, help=f"the launch role's {what}, from a JSON spec on stdin "
                                   "(nodeprobe/start_rank.py)")
 
+    sub.add_parser("ready", help="did this node pass launch.yml's checks with these inputs, and is it as it was "
+                                 "then; or record that it did (nodeprobe/ready.py, JSON spec on stdin)")
+
     sub.add_parser("code-smoke", help="run the user's entry point as 2 CPU ranks over loopback gloo and "
                                       "judge it, from a JSON spec on stdin (nodeprobe/code_smoke.py)")
     sub.add_parser("code-tune", help="run the configured entry point as N local ranks over loopback gloo "
@@ -207,6 +210,10 @@ def main(argv=None) -> int:
         from nodeprobe import start_rank
 
         return spec_verb(parser, args.cmd, lambda text: start_rank.run(args.cmd, text))
+    if args.cmd == "ready":
+        from nodeprobe import ready
+
+        return spec_verb(parser, args.cmd, ready.run)
     if args.cmd in ("code-smoke", "code-tune"):
         from nodeprobe import code_smoke, code_tune
 
