@@ -10,7 +10,8 @@ another fingerprint, a lab folder wiped, a file of the code or a shard changed o
 rank, a port taken, no answer) leaves the launch as it was: check every node, prepare where a check fails.
 
 The node's state: the files ddplab placed in the code folder (their hashes), the shards of the data folder,
-each ddplab_sync_dirs folder, and the Python the lab's record names (which must still be there). Hashing
+each ddplab_sync_dirs folder, the Python the lab's record names (which must still be there) and the
+firewall's state as preflight's firewall check reads it (a firewall turned off since is checked again). Hashing
 uses the stat cache (nodeprobe.hashing): a relaunch re-reads nothing that did not change.
 
 Spec on stdin: ``{"root": LAB (a leading ~ is the home), "inputs": HEX, "sync_dirs": [dest, ...],
@@ -35,6 +36,8 @@ RECORD = "checks-passed.json"
 
 def state(root: Path, sync_dirs: list[str]) -> dict:
     """What the checks saw on this node that can change without the control host's inputs changing."""
+    from nodeprobe import net
+
     code = root / "code"
     lines = hashing.tree_lines(code, hashing.tree_files(code, placed_only=True)) if code.is_dir() else []
     data = hashing.shard_set(root / "data")
@@ -48,6 +51,8 @@ def state(root: Path, sync_dirs: list[str]) -> dict:
         "data": [data.get("digest"), data.get("manifest_digest")],
         "sync": {str(d): hashing.tree_hash(root / str(d)).get("sha256") for d in sync_dirs},
         "python": python,
+        # ufw or firewalld turned off (or its default policy opened) since: the firewall check runs again
+        "firewall": net.firewall(),
     }
     hashing.flush_cache()
     return out
@@ -68,7 +73,7 @@ def not_ready(root: Path, spec: dict) -> str:
     if not isinstance(record, dict) or record.get("inputs") != spec.get("inputs"):
         return "the inputs changed since its checks passed (settings, inventory, code, shards or torch pin)"
     if record.get("state") != digest(state(root, spec.get("sync_dirs") or [])):
-        return "its code, shards, sync folders or Python changed since its checks passed"
+        return "its code, shards, sync folders, Python or firewall changed since its checks passed"
     if not os.access(record.get("python") or "", os.X_OK):
         return "the lab's Python is gone"
     if procs.lab_processes(str(root), shared=flag(spec.get("shared")))["processes"]:

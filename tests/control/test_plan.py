@@ -89,3 +89,60 @@ def test_bad_settings_stop_before_any_plan_and_a_good_one_prints_it():
     assert json.loads(good.stdout)["steps"] == {"status": NODES}
     step = run_verb({"plan": json.loads(good.stdout) | {"steps": {"prepare_on_fail": NODES}}, "verdict": 1})
     assert json.loads(step.stdout)["steps"]["prepare"] == NODES
+
+
+def ready(answer: bool, why: str = "") -> str:
+    return json.dumps({"probe": "ready", "ready": answer, "why": why, "home": "/root"})
+
+
+def test_a_relaunch_whose_every_node_passed_with_these_inputs_neither_checks_nor_prepares():
+    p = plan.decide(inv(ddplab_wait=True), "launch")
+    assert p["ask_ready"] and len(p["inputs"]) == 64
+    skip = plan.after_ready(p, {h: ready(True) for h in NODES})
+    assert skip["steps"]["preflight"] == skip["steps"]["prepare"] == skip["steps"]["check"] == []
+    assert skip["steps"]["start"] == skip["steps"]["collect"] == NODES and not skip["ask_ready"]
+    assert plan.after_verdict(skip, 1)["steps"]["prepare"] == []  # no verdict comes: nothing was checked
+
+
+@pytest.mark.parametrize("node1", [ready(False, "no record of passed checks in /root/ddplab"),
+                                   "", "ddplab: error: no /root/ddplab/code/nodeprobe: the node is not prepared",
+                                   json.dumps({"probe": "ready"})])
+def test_one_node_not_ready_or_silent_keeps_the_checks_on_every_node(node1):
+    p = plan.decide(inv(ddplab_wait=True), "launch")
+    kept = plan.after_ready(p, {"node0": ready(True), "node1": node1})
+    assert kept["steps"] == p["steps"] and not kept["ask_ready"]
+    assert plan.after_verdict(kept, 1)["steps"]["prepare"] == NODES  # a failed check still prepares
+
+
+def test_the_nodes_are_not_asked_when_prepare_runs_anyway_nor_for_another_command(tmp_path):
+    assert not plan.decide(inv(ddplab_prepare_always=True), "launch")["ask_ready"]
+    for command in ("prepare", "preflight", "start", "status"):
+        assert not plan.decide(inv(), command)["ask_ready"], command
+
+
+def test_the_input_fingerprint_follows_what_the_checks_and_prepare_read(tmp_path):
+    """A changed torch pin, address, setting prepare reads, shard set or code of yours gives another
+    fingerprint (the nodes are checked again); another run id, step count or wait does not."""
+    def fp(lab=None, **given):
+        return plan.decide(lab or inv(**given), "launch")["inputs"]
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "manifest.json").write_text('{"files": []}')
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print(1)\n")
+    base = fp(ddplab_data_dir=str(shards))
+    assert fp(ddplab_data_dir=str(shards), ddplab_run_id="run-9", ddplab_trainer_steps=7,
+              ddplab_wait=True) == base
+    moved = inv(ddplab_data_dir=str(shards))
+    moved["hosts"]["node1"]["ansible_host"] = "10.9.0.99"
+    changed = [fp(ddplab_data_dir=str(shards), ddplab_torch_version="2.12.0"), fp(moved),
+               fp(ddplab_data_dir=str(shards), ddplab_master_port=29700),
+               fp(ddplab_data_dir=str(shards), ddplab_trainer_depth=4)]
+    (shards / "manifest.json").write_text('{"files": [], "digest": "x"}')
+    changed.append(fp(ddplab_data_dir=str(shards)))
+    mine = fp(ddplab_code_dir=str(code), ddplab_entrypoint="train.py")
+    (code / "train.py").write_text("print(2)\n")
+    assert fp(ddplab_code_dir=str(code), ddplab_entrypoint="train.py") != mine
+    assert base not in changed and len(set(changed)) == len(changed)
