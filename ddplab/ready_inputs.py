@@ -1,4 +1,4 @@
-"""The input fingerprint of a launch: what the checks (roles/preflight) and prepare read from the control host.
+"""The input fingerprint of a launch: what the checks (roles/preflight) and prepare read on the control host.
 
 A node records it when launch.yml's checks pass (nodeprobe/ready.py); the next launch computes it again and
 skips the checks and the preparation only when every node recorded this very value and is still as it was

@@ -131,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(verb, help=f"the launch role's {what}, from a JSON spec on stdin "
                                   "(nodeprobe/start_rank.py)")
 
-    sub.add_parser("ready", help="did this node pass launch.yml's checks with these inputs, and is it as it was "
-                                 "then; or record that it did (nodeprobe/ready.py, JSON spec on stdin)")
+    sub.add_parser("ready", help="did this node pass launch.yml's checks with these inputs, and is it as "
+                                 "it was then; or record that it did (nodeprobe/ready.py, a JSON spec)")
 
     sub.add_parser("code-smoke", help="run the user's entry point as 2 CPU ranks over loopback gloo and "
                                       "judge it, from a JSON spec on stdin (nodeprobe/code_smoke.py)")

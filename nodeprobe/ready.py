@@ -11,12 +11,13 @@ rank, a port taken, no answer) leaves the launch as it was: check every node, pr
 
 The node's state: the files ddplab placed in the code folder (their hashes), the shards of the data folder,
 each ddplab_sync_dirs folder, the Python the lab's record names (which must still be there) and the
-firewall's state as preflight's firewall check reads it (a firewall turned off since is checked again). Hashing
-uses the stat cache (nodeprobe.hashing): a relaunch re-reads nothing that did not change.
+firewall's state as preflight's firewall check reads it (a firewall turned off since is checked again).
+Hashing uses the stat cache (nodeprobe.hashing): a relaunch re-reads nothing that did not change.
 
 Spec on stdin: ``{"root": LAB (a leading ~ is the home), "inputs": HEX, "sync_dirs": [dest, ...],
-"master": true on the master (its port must be free), "master_port": N, "shared": false, "write": false}``. Prints ``{"probe": "ready",
-"ready": bool, "why": "...", "home": ...}`` (``write``: ``{"probe": "ready", "written": PATH}``).
+"master": true on the master (its port must be free), "master_port": N, "shared": false, "write": false}``.
+Prints ``{"probe": "ready", "ready": bool, "why": "...", "home": ...}`` (``write``: ``{"probe": "ready",
+"written": PATH}``).
 """
 
 from __future__ import annotations

@@ -104,9 +104,9 @@ def test_a_relaunch_whose_every_node_passed_with_these_inputs_neither_checks_nor
     assert plan.after_verdict(skip, 1)["steps"]["prepare"] == []  # no verdict comes: nothing was checked
 
 
-@pytest.mark.parametrize("node1", [ready(False, "no record of passed checks in /root/ddplab"),
-                                   "", "ddplab: error: no /root/ddplab/code/nodeprobe: the node is not prepared",
-                                   json.dumps({"probe": "ready"})])
+@pytest.mark.parametrize("node1", [
+    ready(False, "no record of passed checks in /root/ddplab"), "", json.dumps({"probe": "ready"}),
+    "ddplab: error: no /root/ddplab/code/nodeprobe: the node is not prepared"])
 def test_one_node_not_ready_or_silent_keeps_the_checks_on_every_node(node1):
     p = plan.decide(inv(ddplab_wait=True), "launch")
     kept = plan.after_ready(p, {"node0": ready(True), "node1": node1})

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 30}
 RUN = "lim-a"
 # A relaunch of a prepared, unchanged lab shows at most this many task headers (issue 48).
-RELAUNCH_TASK_HEADERS = 38
+RELAUNCH_TASK_HEADERS = 25
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +130,36 @@ def test_prepare_limit_brings_a_wiped_node_back(finished, lab):
     assert run.returncode == 0, tail(run)
     summary = json.loads((lab["ddplab_runs_dir"] / "lim-b" / "summary.json").read_text())
     assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
-    # That launch is a relaunch of a prepared, unchanged lab (README's launch.yml -e ddplab_wait=true): one
-    # plan, no empty play, nothing prepared, at most RELAUNCH_TASK_HEADERS tasks shown (issue 48: 61 before).
+    # node1's record of passed checks went with its lab folder: the launch checked the nodes again
+    assert any(h.startswith("preflight : ") for h in task_headers(run)), tail(run)
+
+
+def test_a_relaunch_checks_a_node_whose_code_changed_and_nothing_on_an_unchanged_lab(finished, lab):
+    """Every node passed the checks with these inputs (their records): an unchanged relaunch neither checks
+    nor prepares, while a file of the code edited on node1 since sends the launch back to the checks, and
+    prepare restores it (a skip that trusted the record alone would train on the edited file)."""
+    inv = finished.inventory_dir
+    train = "/root/ddplab/code/trainer/train.py"
+    original = finished.exec("node1", ["cat", train], timeout=30, check=True).stdout
+    finished.exec("node1", ["sh", "-c", f"echo '# edited on the node' >> {train}"], timeout=30, check=True)
+    extra = {**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 3}
+    edited = playbook("launch.yml", inventory=inv, timeout=420, extra={**extra, "ddplab_run_id": "lim-c"})
+    assert edited.returncode == 0, tail(edited)
+    headers = task_headers(edited)
+    assert any(h.startswith("code_sync : ") for h in headers), "\n".join(headers)
+    assert finished.exec("node1", ["cat", train], timeout=30, check=True).stdout == original
+    # The README's relaunch on a prepared, unchanged lab: one plan, no empty play, nothing checked or
+    # prepared, at most RELAUNCH_TASK_HEADERS tasks shown (issue 48: 61 before).
+    run = playbook("launch.yml", inventory=inv, timeout=420, extra={**extra, "ddplab_run_id": "lim-d"})
+    assert run.returncode == 0, tail(run)
+    summary = json.loads((lab["ddplab_runs_dir"] / "lim-d" / "summary.json").read_text())
+    assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
     headers = task_headers(run)
     assert empty_plays(run) == [] and "skipping: no hosts matched" not in run.stdout, tail(run)
     assert len(headers) <= RELAUNCH_TASK_HEADERS, "\n".join(headers)
-    prepare_roles = ("node_prereqs", "torch_env", "code_sync", "dataset", "firewall")
-    assert not any(h.startswith(prepare_roles) for h in headers), "\n".join(headers)
+    steps = ("preflight", "node_prereqs", "torch_env", "code_sync", "dataset", "firewall")
+    assert not any(h.startswith(steps) for h in headers), "\n".join(headers)
+    assert sum("Validating arguments" in h for h in headers) == 0, "\n".join(headers)
 
 
 @pytest.mark.parametrize("chosen,other", [("node1", "node0"), ("node0", "node1")])
