@@ -20,7 +20,7 @@ Later steps of launch.yml change the plan without checking the settings again: {
 [lines of `squeue --format=%i|%T|%r|%j`], "job_prefix": "ddplab-<lab tag>-"} (ddplab_scheduler slurm: this
 lab's queued or running runs, asked on the master once the settings passed) and {"plan": PLAN, "verdict": RC}
 (the preflight verdict's exit code: prepare and check again when a check did not pass) and {"plan": PLAN,
-"ready": {host: the output of `nodeprobe ready`}} (each node's answer: did it pass the checks with these
+"ready": {host: its registered `nodeprobe ready` task}} (each node's answer: did it pass the checks with these
 inputs, the plan's "inputs" (ddplab/ready_inputs.py), and is it as it was then; nodeprobe/ready.py).
 """
 
@@ -114,7 +114,7 @@ def after_ready(plan: dict, ready: dict) -> dict:
     (nodeprobe/ready.py): no checks, no preparation. Any node that is not (or did not answer): as before,
     every node is checked and prepared where a check fails (the links between nodes are checked together)."""
     hosts = plan["steps"]["preflight"]
-    answers = {h: last_json(ready.get(h) or "") for h in hosts}
+    answers = {h: last_json((ready.get(h) or {}).get("stdout") or "") for h in hosts}
     if not hosts or not all(a.get("ready") is True for a in answers.values()):
         return {**plan, "ask_ready": False}
     steps = {**plan["steps"], "preflight": [], "prepare": [], "check": [], "prepare_on_fail": []}

@@ -91,8 +91,9 @@ def test_bad_settings_stop_before_any_plan_and_a_good_one_prints_it():
     assert json.loads(step.stdout)["steps"]["prepare"] == NODES
 
 
-def ready(answer: bool, why: str = "") -> str:
-    return json.dumps({"probe": "ready", "ready": answer, "why": why, "home": "/root"})
+def ready(answer: bool, why: str = "") -> dict:
+    """A node's registered `nodeprobe ready` task."""
+    return {"rc": 0, "stdout": json.dumps({"probe": "ready", "ready": answer, "why": why, "home": "/root"})}
 
 
 def test_a_relaunch_whose_every_node_passed_with_these_inputs_neither_checks_nor_prepares():
@@ -105,8 +106,9 @@ def test_a_relaunch_whose_every_node_passed_with_these_inputs_neither_checks_nor
 
 
 @pytest.mark.parametrize("node1", [
-    ready(False, "no record of passed checks in /root/ddplab"), "", json.dumps({"probe": "ready"}),
-    "ddplab: error: no /root/ddplab/code/nodeprobe: the node is not prepared"])
+    ready(False, "no record of passed checks in /root/ddplab"), {"unreachable": True, "msg": "timed out"},
+    {"rc": 0, "stdout": json.dumps({"probe": "ready"})}, None,
+    {"rc": 3, "stdout": "", "stderr": "ddplab: error: no /root/ddplab/code/nodeprobe: the node is not ready"}])
 def test_one_node_not_ready_or_silent_keeps_the_checks_on_every_node(node1):
     p = plan.decide(inv(ddplab_wait=True), "launch")
     kept = plan.after_ready(p, {"node0": ready(True), "node1": node1})
