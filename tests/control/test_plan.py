@@ -108,7 +108,8 @@ def test_a_relaunch_whose_every_node_passed_with_these_inputs_neither_checks_nor
 @pytest.mark.parametrize("node1", [
     ready(False, "no record of passed checks in /root/ddplab"), {"unreachable": True, "msg": "timed out"},
     {"rc": 0, "stdout": json.dumps({"probe": "ready"})}, None,
-    {"rc": 3, "stdout": "", "stderr": "ddplab: error: no /root/ddplab/code/nodeprobe: the node is not ready"}])
+    {"rc": 3, "stdout": "", "stderr": "ddplab: error: no ~/ddplab/code/nodeprobe: the node is not prepared"},
+])
 def test_one_node_not_ready_or_silent_keeps_the_checks_on_every_node(node1):
     p = plan.decide(inv(ddplab_wait=True), "launch")
     kept = plan.after_ready(p, {"node0": ready(True), "node1": node1})
