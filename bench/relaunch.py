@@ -5,7 +5,8 @@ with starting the same ranks by hand over ssh + tmux, at 2 and at 8 simulated ho
 
 Per host count: a simlan cluster is brought up (root hosts), prepared once by a full launch, then each
 round runs, interleaved: (a) `ansible-playbook -i <inv> playbooks/launch.yml -e ddplab_wait=true
--e ddplab_trainer_steps=N` (prepare, preflight, start, wait, collect, outcome: the whole command), (b)
+-e ddplab_trainer_steps=N` (the whole command: plan, checks and prepare where the nodes' records say
+they are needed (none on this unchanged lab), start, wait, collect, outcome), (b)
 the bare way: over ssh to every host at once, `tmux new-session -d` running the same torchrun command
 line (same Python, code, shards, GLOO_SOCKET_IFNAME, steps, model depth, 1 thread per rank), then ssh polls
 until every rank wrote its exit code, and (c) a no-change `prepare.yml`. Both ways train with 1 thread per
@@ -36,6 +37,7 @@ ANSIBLE = str(REPO / ".venv" / "bin" / "ansible-playbook")
 # What launch.yml is given so that it trains the same run as bare_run (depth 2 is the trainer default).
 SAME_RUN = ("-e", "ddplab_wait=true", "-e", "ddplab_threads=1", "-e", "ddplab_trainer_depth=2")
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+HEADER = re.compile(r"^TASK \[", re.M)
 
 
 class BenchError(Exception):
@@ -43,7 +45,8 @@ class BenchError(Exception):
 
 
 def playbook(inv: Path, name: str, *extra: str, log: Path) -> tuple[float, dict]:
-    """Wall seconds of one ansible-playbook command, and its recap {host: (ok, changed)}."""
+    """Wall seconds of one ansible-playbook command, and its recap {host: (ok, changed)} (with "TASK": the
+    task headers it printed)."""
     t0 = time.perf_counter()
     p = subprocess.run([ANSIBLE, "-i", str(inv), f"playbooks/{name}", *extra], cwd=REPO,
                        capture_output=True, text=True, timeout=1800, check=False)
@@ -51,7 +54,8 @@ def playbook(inv: Path, name: str, *extra: str, log: Path) -> tuple[float, dict]
     log.write_text(p.stdout + p.stderr)
     if p.returncode != 0:
         raise BenchError(f"{name} {' '.join(extra)} exited {p.returncode}; see {log}")
-    return dt, {m[0]: (int(m[1]), int(m[2])) for m in RECAP.findall(p.stdout)}
+    return dt, {m[0]: (int(m[1]), int(m[2])) for m in RECAP.findall(p.stdout)} | {
+        "TASK": (len(HEADER.findall(p.stdout)), 0)}
 
 
 def bare_run(cluster, steps: int, run_id: str, lab: str = "/root/ddplab") -> float:
@@ -114,13 +118,14 @@ def bench_hosts(n: int, rounds: int, steps: int, logs: Path) -> dict:
             prep.append(t_prep)
             ratio.append(t_launch / t_bare)
             prep_changed.append(sum(c for _, c in prep_recap.values()))
+            headers = recap.pop("TASK")[0]
             tasks = max(ok for ok, _ in recap.values())
             print(f"  {n} hosts round {i + 1}: launch {t_launch:.1f} s, bare {t_bare:.1f} s "
                   f"(x{t_launch / t_bare:.2f}), no-change prepare {t_prep:.1f} s changed={prep_changed[-1]}",
                   flush=True)
         return {"hosts": n, "steps": steps, "launch_s": spread(launch), "bare_s": spread(bare),
                 "ratio": spread(ratio), "prepare_nochange_s": spread(prep), "prepare_changed": prep_changed,
-                "launch_tasks_per_host_max": tasks}
+                "launch_tasks_per_host_max": tasks, "launch_task_headers": headers}
     finally:
         simlan.down()
 
