@@ -156,8 +156,9 @@ def decide(inv: dict, command: str, now: float | None = None) -> dict:
         left_out(inv, settings, command)
     launch = command == "launch"
     steps = launch_steps(hosts, settings) if launch else {command: hosts}
-    # launch.yml asks the nodes whether they passed the checks with these inputs, unless it prepares anyway
-    ask_ready = launch and not steps["prepare"]
+    # launch.yml asks the nodes whether they passed the checks with these inputs, unless it prepares anyway;
+    # not under Slurm, whose daemons' state (the checks' slurm row) no record of the node can vouch for
+    ask_ready = launch and not steps["prepare"] and settings["ddplab_scheduler"] != "slurm"
     return {"command": command, "run_id": run_id(settings, command, now), "run_id_pattern": f"^{RUN_ID}$",
             "ask_queue": launch and settings["ddplab_scheduler"] == "slurm", "queue_jobs": [], "say": [],
             "ask_ready": ask_ready, "inputs": launch_inputs(inv, nodes) if launch else "", "steps": steps}

@@ -18,11 +18,13 @@ from pathlib import Path
 from nodeprobe import hashing
 
 # Settings a launch reads only to start, follow, stop or collect the run: neither the checks nor prepare
-# read them, so a relaunch with other steps or another run id does not check the nodes again.
+# read them, so a relaunch with other steps or another run id does not check the nodes again. ddplab_env
+# (the ranks' environment, maybe secrets) stays out of the fingerprint a node keeps, even as a hash.
 RUN_ONLY = frozenset({
     "ddplab_run_id", "ddplab_trainer_steps", "ddplab_resume", "ddplab_wait", "ddplab_wait_timeout",
     "ddplab_wait_poll", "ddplab_runs_dir", "ddplab_rdzv_timeout", "ddplab_pg_timeout", "ddplab_max_restarts",
     "ddplab_elastic_restarts", "ddplab_entrypoint_args", "ddplab_collect_globs", "ddplab_log_pattern",
+    "ddplab_env",
 })
 # ddplab's own code trees a sync sends (roles/code_sync) and the Ansible side of prepare.
 REPO_TREES = ("trainer", "nodeprobe", "roles", "playbooks", "plugins")

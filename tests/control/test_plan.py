@@ -117,8 +117,9 @@ def test_one_node_not_ready_or_silent_keeps_the_checks_on_every_node(node1):
     assert plan.after_verdict(kept, 1)["steps"]["prepare"] == NODES  # a failed check still prepares
 
 
-def test_the_nodes_are_not_asked_when_prepare_runs_anyway_nor_for_another_command(tmp_path):
+def test_the_nodes_are_not_asked_when_prepare_runs_anyway_under_slurm_nor_for_another_command(tmp_path):
     assert not plan.decide(inv(ddplab_prepare_always=True), "launch")["ask_ready"]
+    assert not plan.decide(inv(ddplab_scheduler="slurm"), "launch")["ask_ready"]  # slurmd may have stopped
     for command in ("prepare", "preflight", "start", "status"):
         assert not plan.decide(inv(), command)["ask_ready"], command
 
