@@ -4,10 +4,10 @@ launch.yml's checks (roles/preflight) pass, then the node's record of them is wr
 control host's input fingerprint (``inputs``: every setting the checks or prepare read, the inventory, the
 control host's code, shards and ddplab_sync_dirs; ddplab/plan.py) and this node's own state (``state``).
 A relaunch asks every node first (roles/plan): a node is ready when its record names the same inputs,
-its state is still the recorded one, no process of the lab runs and (the master) the master port is free.
+its state is still the recorded one, no rank of the lab runs and (the master) the master port is free.
 When every node is ready, the launch neither checks nor prepares them again; any other answer (no record,
-another fingerprint, a lab folder wiped, a file of the code or a shard changed on the node, a leftover
-rank, a port taken, no answer) leaves the launch as it was: check every node, prepare where a check fails.
+another fingerprint, a lab folder wiped, a file of the code or a shard changed on the node, a rank still
+running, a port taken, no answer) leaves the launch as it was: check every node, prepare where a check fails.
 
 The node's state: the files ddplab placed in the code folder (their hashes), the shards of the data folder,
 each ddplab_sync_dirs folder, the Python the lab's record names (which must still be there) and the
@@ -77,8 +77,9 @@ def not_ready(root: Path, spec: dict) -> str:
         return "its code, shards, sync folders, Python or firewall changed since its checks passed"
     if not os.access(record.get("python") or "", os.X_OK):
         return "the lab's Python is gone"
-    if procs.lab_processes(str(root), shared=flag(spec.get("shared")))["processes"]:
-        return "a process of the lab runs"
+    # as preflight's stale_processes check: a rank or launcher counts, the lab's tmux server does not
+    if procs.lab_processes(str(root), shared=flag(spec.get("shared")))["ranks"]:
+        return "a rank of the lab runs"
     port = spec.get("master_port")
     if flag(spec.get("master")) and not procs.port_holder(int(port))["free"]:
         return f"the master port {port} is taken"

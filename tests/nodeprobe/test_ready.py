@@ -100,7 +100,7 @@ def test_a_firewall_turned_off_since_the_record_sends_the_node_back_to_the_check
     assert not got["ready"] and "changed since its checks passed" in got["why"]
 
 
-def test_a_node_where_a_process_of_the_lab_still_runs_is_checked_again(lab):
+def test_a_node_where_a_rank_of_the_lab_still_runs_is_checked_again(lab):
     ask(lab, write=True)
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                             env={**os.environ, "DDPLAB_ROOT": str(lab)})
@@ -109,4 +109,4 @@ def test_a_node_where_a_process_of_the_lab_still_runs_is_checked_again(lab):
     finally:
         rank.kill()
         rank.wait()
-    assert not got["ready"] and got["why"] == "a process of the lab runs"
+    assert not got["ready"] and got["why"] == "a rank of the lab runs"
