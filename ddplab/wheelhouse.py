@@ -54,8 +54,10 @@ DEFAULT_PACKAGES = ("numpy", "pyarrow")
 # download.pytorch.org holds the +cpu builds for every Python version; PyPI's Linux torch is the CUDA one.
 DEFAULT_TORCH_INDEX = CPU_INDEX
 DEFAULT_GLIBC = "2.28"  # torch 2.13's Linux wheels are manylinux_2_28: the oldest glibc they run on
-PROBE = ("import platform, sys; "
-         "print('%d.%d' % sys.version_info[:2], platform.machine(), platform.libc_ver()[1])")
+# The Python a node's new venv is made from (roles/torch_env's torch_env_base_python): its version, machine
+# and glibc choose the wheels the node installs.
+VENV_PYTHON = "python3"
+REPO = Path(__file__).resolve().parents[1]  # its ansible.cfg names the ddplab_node action (plugins/action)
 
 
 def node_tags(python: str, machine: str, glibc: str) -> set[Tag]:
@@ -234,22 +236,40 @@ def inventory_requirements(inventory: str, ansible: str) -> Path | None:
 
 
 def node_pythons(inventory: str, ansible: str) -> set[tuple[str, str, str]]:
-    """(python, machine, glibc) of every node of an inventory, read with one ad-hoc Ansible command."""
-    argv = [ansible, "-i", inventory, "ddplab_nodes", "-o", "-m", "ansible.builtin.command",
-            "-a", f'python3 -c "{PROBE}"']
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    """(python, machine, glibc) of every node of an inventory: nodeprobe's site-probe run by each node's
+    python3, the one way node code runs (the ddplab_node action, ddplab/node_command.py), in one ad-hoc
+    Ansible command."""
+    where = Path(inventory)
+    argv = [ansible, "-i", str(where.resolve()) if where.exists() else inventory, "ddplab_nodes", "-o",
+            "-m", "ddplab_node", "-a", f"nodeprobe=site-probe python={VENV_PYTHON}"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
     found, failed = set(), []
     for line in out.stdout.splitlines():
-        m = re.match(r"^(\S+) \| (\w+).*?\(stdout\) (3\.\d+) (\S+) (2\.\d+)\s*$", line)
-        if m:
-            found.add((m.group(3), m.group(4), m.group(5)))
-        elif " | " in line:
+        if " | " not in line:
+            continue
+        platform_of = node_platform(line)
+        if platform_of:
+            found.add(platform_of)
+        else:
             failed.append(line.split(" | ")[0])
     if failed or out.returncode != 0:
         names = ", ".join(failed) or out.stderr.strip().splitlines()[-1:] or ["?"]
-        raise WheelhouseError(f"{inventory}: could not read the Python version of {names}; "
-                              "every node must answer over SSH with python3; fix the node or pass --python")
+        raise WheelhouseError(f"{inventory}: could not read the Python version of {names}; every node must "
+                              f"answer over SSH with {VENV_PYTHON}; fix the node or pass --python")
     return found
+
+
+def node_platform(line: str) -> tuple[str, str, str] | None:
+    """(python, machine, glibc) from one host's line of `ansible -o` running site-probe, or None when the
+    node did not answer with them."""
+    m = re.match(r"^\S+ \| CHANGED => (\{.*\})\s*$", line)
+    try:
+        parts = json.loads(json.loads(m.group(1))["stdout"])["platform"].split() if m else []
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if len(parts) != 3 or not re.fullmatch(r"3\.\d+", parts[0]) or not re.fullmatch(r"2\.\d+", parts[2]):
+        return None
+    return parts[0], parts[1], parts[2]
 
 
 def requirements_file(args: argparse.Namespace) -> Path | None:

@@ -2,11 +2,12 @@
 command module's answer (rc, stdout and stderr apart, trailing newlines stripped, stdin with a newline,
 chdir, the task's environment, argv quoted, cmd split without a shell, check mode skipped), on the local
 connection and over real SSH to a simulated host (where a missing stdin would bring a terminal that
-merges stderr into stdout)."""
+merges stderr into stdout); and ad hoc, as `make wheelhouse INV=...` reads the nodes' Pythons with it."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ddplab import wheelhouse as wh
 from ddplab.node_command import shipped_program
 from tests.helpers.playbooks import BIN, REPO
 
@@ -97,6 +99,32 @@ def test_over_ssh_on_a_simulated_host(simlan2, tmp_path):
                       exists=lambda p: simlan2.exec("node1", ["test", "-e", p], timeout=30).returncode == 0)
     finally:
         simlan2.exec("node1", ["rm", "-rf", "/root/ddplab node action"], timeout=30)
+
+
+@pytest.mark.simlan
+def test_fill_reads_each_nodes_python_the_one_way(simlan2, tmp_path):
+    """Each node's python3 answers with nodeprobe's site-probe, run as all node code runs (the ddplab_node
+    action, `python3 -I`): a platform.py in the login's home (a user's script) is not imported. The old ad-hoc
+    `python3 -c "import platform ..."` through the command module imported it and failed the node. A node
+    that does not answer is named, with the fix."""
+    ansible = str(BIN / "ansible")
+    probe = REPO / "nodeprobe" / "site_probe.py"
+    here = json.loads(subprocess.run(["python3", "-I", str(probe)], capture_output=True, text=True,
+                                     check=True, timeout=30).stdout)["platform"].split()  # the nodes' python3
+    planted = "echo 'raise SystemExit(\"the home platform.py\")' > /root/platform.py"
+    simlan2.exec("node1", ["sh", "-c", planted], timeout=30, check=True)
+    try:
+        assert wh.node_pythons(str(simlan2.inventory_dir), ansible) == {tuple(here)}
+    finally:
+        simlan2.exec("node1", ["rm", "-f", "/root/platform.py"], timeout=30)
+    inventory = tmp_path / "inv"
+    shutil.copytree(simlan2.inventory_dir, inventory)
+    (inventory / "ghost.yml").write_text(
+        "ddplab_nodes:\n  hosts:\n    ghost: {ansible_host: 127.0.0.1, ansible_port: 1}\n")
+    with pytest.raises(wh.WheelhouseError) as e:
+        wh.node_pythons(str(inventory), ansible)
+    assert str(e.value) == (f"{inventory}: could not read the Python version of ghost; every node must "
+                            "answer over SSH with python3; fix the node or pass --python")
 
 
 NODEPROBE_PLAY = textwrap.dedent("""\
