@@ -1,5 +1,5 @@
-"""``python3 -I - SPEC < relay_access.py`` (shipped alone as the program on stdin, stdlib only; SPEC is
-JSON): this node's side of the relay's node-to-node SSH (roles/relay_ssh), one call per prepare.
+"""``nodeprobe relay-access < SPEC`` (shipped alone: the program first on stdin, its SPEC, JSON, after it;
+stdlib only): this node's side of the relay's node-to-node SSH (roles/relay_ssh), one call per prepare.
 
 One key per node: each node makes its own relay key pair in ``<lab folder>/.relay/`` (``keys``); the private
 key never leaves the node, the control host reads only the public key. Each peer's key gets one line in the
@@ -233,8 +233,8 @@ STATES = {"keys": keys, "present": present, "absent": absent, "forget": forget}
 
 
 if __name__ == "__main__":
-    request = json.loads(sys.argv[1])
     try:
+        request = json.loads(sys.stdin.read())
         print(json.dumps(STATES[request["state"]](request)))
     except (ValueError, KeyError, OSError, subprocess.CalledProcessError) as e:
         sys.stderr.write(f"ddplab: error: relay access on this node: {e}\n")

@@ -333,3 +333,19 @@ def test_keys_makes_one_key_pair_and_replaces_the_old_lab_key(tmp_path):
     assert oct((relay_dir / "id_ed25519").stat().st_mode & 0o777) == "0o600"
     again = relay_access.STATES["keys"](spec)
     assert not again["changed"] and again["pubkey"] == first["pubkey"]
+
+
+def test_relay_access_reads_its_spec_after_its_program_on_stdin(tmp_path):
+    """As ddplab_node runs it: the program, then its spec, on stdin (nothing of the spec on argv, where any
+    process of the node sees it and a long receiver or known_hosts would pass the kernel's argument limit);
+    a bad spec is one line, no traceback."""
+    argv, program = nodeprobe_command("relay-access", [], sys.executable)
+    ak = tmp_path / "authorized_keys"
+    ak.write_text(f"ssh-ed25519 AAAAx ddplab-relay:{tmp_path}/lab n1\n")
+    spec = {"state": "absent", "root": str(tmp_path / "lab"), "authorized_keys": str(ak)}
+    proc = subprocess.run(argv, input=program + json.dumps(spec), capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, json.loads(proc.stdout)) == (0, {"changed": True}), proc.stderr
+    assert ak.read_text() == ""
+    bad = subprocess.run(argv, input=program + "{", capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("ddplab: error: relay access on this node: ")
+    assert "Traceback" not in bad.stderr and len(bad.stderr.splitlines()) == 1
