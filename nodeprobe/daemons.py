@@ -1,6 +1,6 @@
 """Start (or restart) the Slurm daemons on a node without systemd (stdlib only, no package imports).
 
-Shipped alone, as root: ``python3 -I - --spec JSON`` with this file on stdin (roles/slurm), because the
+Shipped alone, as root: ``nodeprobe daemons --spec JSON`` (roles/slurm; ddplab/node_command.py), because the
 node may have no init system that runs services (a simulated stock host: PID 1 is simlan's init.sh). The
 spec lists daemons in start order::
 

@@ -1,7 +1,7 @@
 """The lab folders on a node: ddplab_root (0700: the lab's code, venv, data, runs and secrets are the run
 user's alone) and its code, data and runs folders (stdlib only, shipped alone: no code is on the node yet).
 
-    python -I - --root ROOT --sub CODE --sub DATA --sub RUNS
+    nodeprobe lab-dirs --root ROOT --sub CODE --sub DATA --sub RUNS
 
 Prints ``{"made": [...], "tightened": [...], "kept": [...]}`` (a prepared node: all empty, changed=0).
 

@@ -1,5 +1,6 @@
 """What the Python running this says about itself: shipped alone by roles/torch_env (requirements.yml) as the
-program on stdin (`python -I -`); stdlib only.
+program first on stdin (ddplab/node_command.py); stdlib only. `make wheelhouse INV=...` runs it too
+(ddplab/wheelhouse.py: each node's python3, the wheels it takes).
 
 Prints one JSON object: ``platform`` ("<major.minor> <machine> <glibc>", the wheels it installs), ``purelib``
 (where pip installs into it), ``sites`` (its site folders, which a venv layered on it lists in a .pth file)

@@ -1,6 +1,6 @@
 """Which interpreters on this node have exactly the lab's torch: run before any venv or synced code.
 
-Shipped alone by roles/torch_env (``ansible.builtin.script``; stdlib only, no package imports):
+Shipped alone by roles/torch_env (``nodeprobe: torch-candidates``; stdlib only, no package imports):
 ``torch_candidates.py [--stamp FILE] [--record FILE] [--platform-of PY] PYTHON...`` prints one JSON
 object ``{"candidates": [{"python": <path or the name asked>, "torch": <version without +local, or
 null>, "checked": "import" or "stamp"}], "recorded": <the record file's first line, or null>}`` (the
