@@ -1,9 +1,11 @@
 """The files of one simulated host, rendered into its folder `<state>/hosts/<name>/`:
 
 - `init.sh`: PID 1 of the host. Makes the host's private view (hostname, /tmp, /run, /dev/shm,
-  /etc/hosts, /etc/hostname, /etc/ufw, /etc/default/ufw, home), starts sshd, then reaps orphans.
+  /etc/hosts, /etc/hostname, /etc/ufw, /etc/default/ufw, /var/lib/ddplab, home), starts sshd, then reaps
+  orphans.
 - `sshd_config`, `ssh_host_ed25519_key`, `authorized_keys`, `sshd.log`.
-- `etc/` (the private /etc files) and `home/` (the private home directory, see below).
+- `etc/` (the private /etc files), `var-lib-ddplab/` (root's ddplab folder) and `home/` (the private home
+  directory, see below).
 
 Private home: the host's `$HOME` (root's home, /root) is a per-host folder bind-mounted over it,
 so `~/ddplab` (the lab folder), `~/.ssh`, `~/.ansible`, shell history are all per host and the real
@@ -61,6 +63,11 @@ mount --bind "$HOST_DIR/etc/hosts" /etc/hosts
 mount --bind "$HOST_DIR/etc/hostname" /etc/hostname
 mount --bind "$HOST_DIR/etc/ufw" /etc/ufw
 if [ -e /etc/default/ufw ]; then mount --bind "$HOST_DIR/etc/default-ufw" /etc/default/ufw; fi
+# Root's ddplab folder (roles/firewall's records of the labs on the node), private as on a real machine: the
+# labs of parallel test workers name their nodes alike, and one lab's prepare took another's records for its
+# own old ones and removed them.
+mkdir -p /var/lib/ddplab
+mount --bind "$HOST_DIR/var-lib-ddplab" /var/lib/ddplab
 
 # Private tmpfs for /tmp, /dev/shm and /run; the host's own state folder stays visible in /run
 # (sshd reads authorized_keys from it at every login).
@@ -178,6 +185,7 @@ def write_host_files(*, host: str, addr: str, host_dir: Path, all_hosts: list[tu
     shutil.copytree("/etc/ufw", etc / "ufw", symlinks=True)
     if Path("/etc/default/ufw").exists():
         shutil.copy2("/etc/default/ufw", etc / "default-ufw")
+    (host_dir / "var-lib-ddplab").mkdir(mode=0o755)
 
     home = host_dir / "home"
     home.mkdir(mode=0o700)

@@ -39,7 +39,7 @@ def test_each_host_has_its_own_name_and_etc_hosts(simlan2):
 def test_files_written_in_a_host_stay_in_that_host(simlan2, simlan_cluster):
     mark = f"simlan-test-{uuid.uuid4().hex[:8]}"
     paths = [f"/tmp/{mark}", f"/run/{mark}", f"/dev/shm/{mark}", f"/etc/ufw/{mark}",
-             f"/root/ddplab/{mark}", f"/root/.ssh/{mark}"]
+             f"/var/lib/ddplab/{mark}", f"/root/ddplab/{mark}", f"/root/.ssh/{mark}"]
     real_home_entry = Path(simlan2.real_home) / f".{mark}"  # a file in the real home: hidden in hosts
     try:
         real_home_entry.write_text("real machine only\n")
