@@ -5,7 +5,8 @@ a user's FSDP2 script trained sharded (issue 49), and several ranks per node.
 The seed's launch runs the smoke run of the code on the master first (2 CPU ranks over loopback gloo).
 One cluster serves the module: the `seed_run` fixture syncs the seed and trains it once, and the tests
 that need prepared hosts or the synced seed ask for it, so each test also runs alone. The
-ranks-per-node test discards the cluster at its end.
+ranks-per-node test discards the cluster at its end, so it comes last (a test after it would prepare fresh
+hosts again).
 """
 
 import base64
@@ -202,6 +203,49 @@ def test_a_users_fsdp2_script_trains_sharded_across_two_hosts(simlan2, lab, seed
     assert re.search(r"step 11\b.* loss ", proc.stdout), tail(proc)
 
 
+def test_the_masters_compile_cache_makes_each_nodes_first_compile_warm(simlan2, lab, seed_run, tmp_path):
+    """Compile once per lab: code whose input preparation goes through torch.compile. The smoke run compiles
+    it cold on the master, each smoke rank into a folder of its own under the lab's compile cache, none into
+    torch's default /tmp/torchinductor_<user> (which another local user can create first: here made
+    world-writable beforehand, as such a user would leave it), and says how long it compiled (not counted
+    against its limit).
+    The master's cache (seed.tar) reaches the control host once and node1 from there (star: 2 nodes), 0600
+    in 0700 folders; each rank of the run then finds its graph in its own folder's cache (inductor's FX
+    graph cache: a hit, no miss), node1's too, which never compiled it."""
+    _seeded(seed_run)
+    code = tmp_path / "code"
+    shutil.copytree(FIXTURES / "compiled_prep", code)
+    planted = "/tmp/torchinductor_root"
+    simlan2.exec("node0", ["sh", "-c", f"mkdir -p {planted} && chmod 777 {planted}"], timeout=30, check=True)
+    extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-compiled", "ddplab_code_dir": code,
+             "ddplab_entrypoint": "train.py", "ddplab_smoke_seconds": COMPILE_LIMIT_S}
+    proc = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=900, extra=extra)
+    assert proc.returncode == 0, tail(proc)
+    compiled = re.search(r"\(2 CPU ranks over loopback gloo, ([\d.]+) s\): it trains as one DDP run: .*; "
+                         r"([\d.]+) s of torch\.compile, not counted against ddplab_smoke_seconds",
+                         proc.stdout)
+    assert compiled and float(compiled.group(2)) > 0, tail(proc)
+    print(f"\nsmoke run: {compiled.group(1)} s, {compiled.group(2)} s of it compiling cold")
+    assert simlan2.exec("node0", ["ls", "-A", planted], timeout=30, check=True).stdout == ""
+    for rank in (0, 1):
+        folder = f"/root/ddplab/compile-cache/smoke-rank{rank}"
+        built = simlan2.exec("node0", ["find", folder, "-name", "*.so"], timeout=30, check=True).stdout
+        assert built.strip(), f"smoke rank {rank} built nothing in its own folder"
+    assert re.search(r"the master's torch\.compile cache \(\d+ files, [\d.]+ MiB, warmed by the smoke run\) "
+                     r"goes to node0, node1", proc.stdout), tail(proc)
+    run = lab["ddplab_runs_dir"] / "byo-compiled"
+    for host, rank in zip(HOSTS, (0, 1), strict=True):
+        log = (run / host / "launch.log").read_text()
+        assert re.search(rf"rank {rank} local 0 first step [\d.]+ s fxgraph hit 1 miss 0", log), log[-2000:]
+        first = re.search(r"first step [\d.]+ s", log).group(0)
+        print(f"\n{host}: {first} (shipped cache)")
+        cache = "/root/ddplab/compile-cache"
+        modes = simlan2.exec(host, ["stat", "-c", "%a %n", cache, f"{cache}/seed.tar", f"{cache}/local0"],
+                             timeout=30, check=True).stdout.split("\n")
+        assert [m.split()[0] for m in modes if m] == ["700", "600", "700"], modes
+    assert oct((run / "compile-cache" / "seed.tar").stat().st_mode & 0o777) == "0o600"
+
+
 def fill_requirements(code: Path, wheelhouse: Path) -> subprocess.CompletedProcess:
     """What `make wheelhouse` runs, with the requirements file named (the test's lab passes its code dir
     with -e, not in the inventory). The shared folder's wheels (torch) are hard-linked first, as a second
@@ -302,46 +346,3 @@ def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_
         assert "ddplab: warning: node0:" in asked.stdout and "requirements.txt changed since" in asked.stdout
     finally:
         simlan_cluster.discard()  # ufw enabled, lab folders written: the next module gets fresh hosts
-
-
-def test_the_masters_compile_cache_makes_each_nodes_first_compile_warm(simlan2, lab, seed_run, tmp_path):
-    """Compile once per lab: code whose input preparation goes through torch.compile. The smoke run compiles
-    it cold on the master, each smoke rank into a folder of its own under the lab's compile cache, none into
-    torch's default /tmp/torchinductor_<user> (which another local user can create first: here made
-    world-writable beforehand, as such a user would leave it), and says how long it compiled (not counted
-    against its limit).
-    The master's cache (seed.tar) reaches the control host once and node1 from there (star: 2 nodes), 0600
-    in 0700 folders; each rank of the run then finds its graph in its own folder's cache (inductor's FX
-    graph cache: a hit, no miss), node1's too, which never compiled it."""
-    _seeded(seed_run)
-    code = tmp_path / "code"
-    shutil.copytree(FIXTURES / "compiled_prep", code)
-    planted = "/tmp/torchinductor_root"
-    simlan2.exec("node0", ["sh", "-c", f"mkdir -p {planted} && chmod 777 {planted}"], timeout=30, check=True)
-    extra = {**lab, "ddplab_wait": "true", "ddplab_run_id": "byo-compiled", "ddplab_code_dir": code,
-             "ddplab_entrypoint": "train.py", "ddplab_smoke_seconds": COMPILE_LIMIT_S}
-    proc = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=900, extra=extra)
-    assert proc.returncode == 0, tail(proc)
-    compiled = re.search(r"\(2 CPU ranks over loopback gloo, ([\d.]+) s\): it trains as one DDP run: .*; "
-                         r"([\d.]+) s of torch\.compile, not counted against ddplab_smoke_seconds",
-                         proc.stdout)
-    assert compiled and float(compiled.group(2)) > 0, tail(proc)
-    print(f"\nsmoke run: {compiled.group(1)} s, {compiled.group(2)} s of it compiling cold")
-    assert simlan2.exec("node0", ["ls", "-A", planted], timeout=30, check=True).stdout == ""
-    for rank in (0, 1):
-        folder = f"/root/ddplab/compile-cache/smoke-rank{rank}"
-        built = simlan2.exec("node0", ["find", folder, "-name", "*.so"], timeout=30, check=True).stdout
-        assert built.strip(), f"smoke rank {rank} built nothing in its own folder"
-    assert re.search(r"the master's torch\.compile cache \(\d+ files, [\d.]+ MiB, warmed by the smoke run\) "
-                     r"goes to node0, node1", proc.stdout), tail(proc)
-    run = lab["ddplab_runs_dir"] / "byo-compiled"
-    for host, rank in zip(HOSTS, (0, 1), strict=True):
-        log = (run / host / "launch.log").read_text()
-        assert re.search(rf"rank {rank} local 0 first step [\d.]+ s fxgraph hit 1 miss 0", log), log[-2000:]
-        first = re.search(r"first step [\d.]+ s", log).group(0)
-        print(f"\n{host}: {first} (shipped cache)")
-        cache = "/root/ddplab/compile-cache"
-        modes = simlan2.exec(host, ["stat", "-c", "%a %n", cache, f"{cache}/seed.tar", f"{cache}/local0"],
-                             timeout=30, check=True).stdout.split("\n")
-        assert [m.split()[0] for m in modes if m] == ["700", "600", "700"], modes
-    assert oct((run / "compile-cache" / "seed.tar").stat().st_mode & 0o777) == "0o600"
