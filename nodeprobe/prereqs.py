@@ -93,8 +93,9 @@ def venv_works(python: str, path: str) -> bool:
     if not exe:
         return False
     try:
+        # From "/": `-c` puts the working folder (the login folder) first on sys.path.
         return subprocess.run([exe, "-c", "import ensurepip, venv"], capture_output=True, timeout=60,
-                              check=False).returncode == 0
+                              cwd="/", check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 

@@ -25,6 +25,9 @@ import shutil
 import subprocess
 import sys
 
+# `python -c` puts the working folder first on sys.path, and a probe runs from the login folder: a stray
+# numpy.py or platform.py there would stand in for the real package. Run each check from "/" instead.
+CHECK_CWD = "/"
 IMPORT_CHECK = "import numpy, pyarrow, torch; print(torch.__version__.split('+')[0])"
 # Run by the candidate itself, without importing the packages (find_spec of a top-level package only
 # locates it): what must stay the same for an earlier import check to still hold.
@@ -49,7 +52,7 @@ print(json.dumps(key))
 def torch_version(python: str, timeout: float = 120) -> str | None:
     try:
         out = subprocess.run([python, "-c", IMPORT_CHECK], capture_output=True, text=True, timeout=timeout,
-                             check=False)
+                             cwd=CHECK_CWD, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = out.stdout.split()
@@ -63,7 +66,7 @@ PLATFORM = ("import platform, sys; "
 def platform_of(python: str) -> str | None:
     try:
         out = subprocess.run([python, "-c", PLATFORM], capture_output=True, text=True, timeout=30,
-                             check=False)
+                             cwd=CHECK_CWD, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
@@ -72,7 +75,7 @@ def platform_of(python: str) -> str | None:
 def stat_key(python: str) -> list | None:
     try:
         out = subprocess.run([python, "-c", STAT_KEY], capture_output=True, text=True, timeout=30,
-                             check=False)
+                             cwd=CHECK_CWD, check=False)
         return json.loads(out.stdout) if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return None

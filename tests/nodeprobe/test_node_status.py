@@ -70,13 +70,19 @@ def test_torch_candidates_shipped_alone(tmp_path):
 
     alone = tmp_path / "torch_candidates.py"
     shutil.copy(REPO / "nodeprobe" / "torch_candidates.py", alone)
-    out = subprocess.run([sys.executable, str(alone), sys.executable, "no-such-python3.99"], cwd=tmp_path,
+    # Stray files of the login folder the probe runs from must not stand in for the real packages.
+    (tmp_path / "numpy.py").write_text("raise ImportError('a stray numpy.py in the login folder')\n")
+    (tmp_path / "platform.py").write_text("raise ImportError('a stray platform.py in the login folder')\n")
+    out = subprocess.run([sys.executable, str(alone), "--platform-of", sys.executable, sys.executable,
+                          "no-such-python3.99"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": ""})
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)["candidates"]
     assert found == [{"python": sys.executable, "torch": torch.__version__.split("+")[0],
                       "checked": "import"},
                      {"python": "no-such-python3.99", "torch": None, "checked": None}]
+    major, minor = sys.version_info[:2]
+    assert json.loads(out.stdout)["platform"].startswith(f"{major}.{minor} ")
 
 
 def test_torch_candidates_stamp_skips_the_import_until_a_package_changes(tmp_path):
