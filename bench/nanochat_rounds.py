@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -37,6 +38,7 @@ from nanochat_compile import checkout, code_yml  # noqa: E402  (the docs' checko
 from ddplab import tune  # noqa: E402
 from nodeprobe import log_metrics  # noqa: E402
 from simlan import cluster as simlan  # noqa: E402
+from tests.byo import test_nanochat_simlan as nc  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "nanochat_compile_rounds"
 MODES = ("eager", "compiled")
@@ -75,15 +77,19 @@ class Lab:
     iterations: int
     seconds: int
     skip: int
+    smoke: bool = True
 
     def launch(self, k: int, mode: str) -> dict:
         """One launch of `mode` (round k; 0: the warm-up) through launch.yml: its figures and loads."""
         code_yml(self.inventory, self.code, mode == "compiled", self.wheelhouse)  # the docs' settings
         lengthen(self.inventory, self.iterations)
+        if not self.smoke:  # the smoke run judges nothing the rounds measure; it takes minutes at load 15
+            with open(self.inventory / "group_vars" / "all" / "code.yml", "a") as f:
+                f.write("ddplab_smoke_run: false\n")
         rid = f"{mode}-r{k}"
         before, started = os.getloadavg()[0], time.time()
         records, note = tune.run_all(str(self.inventory), self.work, rid, self.seconds, "node0", "")
-        row = {"round": k, "mode": mode, **round_figures(records, self.skip, note),
+        row = {"round": k, "mode": mode, "smoke_run": self.smoke, **round_figures(records, self.skip, note),
                "load": [round(before, 1), round(os.getloadavg()[0], 1)],
                "wall_s": round(time.time() - started)}
         print(f"{rid}: {json.dumps(row)}", flush=True)
@@ -116,10 +122,11 @@ def plot(rep: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for mode, marker in zip(MODES, "os", strict=True):
         got = [(k, r) for k, r in enumerate(rep["rounds"]) if r["mode"] == mode and r["tokens_per_sec"]]
+        median = rep["summary"][mode]["median"]
         ax.errorbar([k for k, _r in got], [r["tokens_per_sec"] for _k, r in got],
                     yerr=[[r["tokens_per_sec"] - r["tokens_per_sec_min"] for _k, r in got],
                           [r["tokens_per_sec_max"] - r["tokens_per_sec"] for _k, r in got]],
-                    fmt=marker, capsize=3, label=f"{mode} (median {rep['summary'][mode]['median']:,.0f})")
+                    fmt=marker, capsize=3, label=f"{mode} (median {median:,.0f})" if median else mode)
     ax.set_xticks(range(len(rep["rounds"])), [f"r{r['round']}\n{r['load'][0]:.0f}"
                                               for r in rep["rounds"]])
     ax.set_xlabel("round / load at its start")
@@ -131,8 +138,14 @@ def plot(rep: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def tokens_per_step() -> int:
+    """The docs' --total-batch-size: the tokens of one optimizer step over all ranks."""
+    return int(re.search(r'"--total-batch-size=(\d+)"', nc.readme_yaml())[1])
+
+
 def write(rep: dict) -> None:
     rep["summary"] = summary(rep["rounds"])
+    rep["tokens_per_step"] = tokens_per_step()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "report.json").write_text(json.dumps(rep, indent=1) + "\n")
     plot(rep, OUT / "rounds.png")
@@ -145,21 +158,37 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=240, help="longest wait for a launch's training")
     ap.add_argument("--skip", type=int, default=2, help="steps of a launch not counted (warm-up)")
     ap.add_argument("--work-in", default="/var/tmp", help="the bench makes a folder of its own in it")
+    ap.add_argument("--resume", metavar="WORK", help="a stopped bench's folder (its hosts still up): the "
+                    "launches report.json lacks, without the checkout and the warm-up")
+    ap.add_argument("--no-smoke", action="store_true", help="counted launches skip the smoke run")
+    ap.add_argument("--report-only", action="store_true", help="only remake the summary and the plot")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="ddplab-nanochat-rounds-", dir=args.work_in))  # its own folder
-    cluster = simlan.up(2, cpus="auto", force=True)
-    started = time.time()
-    lab = Lab(work, *checkout(work, cluster), args.iterations, args.seconds, args.skip)
-    print(f"checkout prepared in {time.time() - started:.0f} s", flush=True)
-    rep = {"hosts": "2 simlan hosts x 1 rank, --cpus auto (one core each)", "iterations": args.iterations,
-           "skip": args.skip, "seconds": args.seconds, "warmup": lab.launch(0, "compiled"), "rounds": []}
+    if args.report_only:
+        write(json.loads((OUT / "report.json").read_text()))
+        return 0
+    if args.resume:
+        work, rep = Path(args.resume), json.loads((OUT / "report.json").read_text())
+        lab = Lab(work, work / "nanochat", work / "mylab", work / "wheelhouse", rep["iterations"],
+                  args.seconds, rep["skip"])
+    else:
+        work = Path(tempfile.mkdtemp(prefix="ddplab-nanochat-rounds-", dir=args.work_in))  # its own folder
+        cluster = simlan.up(2, cpus="auto", force=True)
+        started = time.time()
+        lab = Lab(work, *checkout(work, cluster), args.iterations, args.seconds, args.skip)
+        print(f"checkout prepared in {time.time() - started:.0f} s", flush=True)
+        rep = {"hosts": "2 simlan hosts x 1 rank, --cpus auto (one core each)", "iterations": args.iterations,
+               "skip": args.skip, "seconds": args.seconds, "warmup": lab.launch(0, "compiled"), "rounds": []}
+    lab.smoke = not args.no_smoke
+    done = {(r["round"], r["mode"]) for r in rep["rounds"]}
     for k in range(1, args.rounds + 1):
         for mode in order(k):
-            rep["rounds"].append(lab.launch(k, mode))
-            write(rep)  # a round at a time: a stopped bench keeps what it measured
+            if (k, mode) not in done:
+                rep["rounds"].append(lab.launch(k, mode))
+                write(rep)  # a launch at a time: a stopped bench keeps what it measured
     simlan.down()
     print(json.dumps(rep["summary"], indent=1))
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
