@@ -307,6 +307,59 @@ def tune_nanochat(rep: dict) -> list[str]:
     return rows
 
 
+def nanochat_rounds(rep: dict) -> list[str]:
+    """bench/nanochat_rounds.py: eager and compiled nanochat d4 in interleaved rounds on 2 hosts x 1 rank."""
+    modes = ("eager", "compiled")
+    got = {m: [r for r in rep["rounds"] if r["mode"] == m] for m in modes}
+    total = {m: rep["summary"][m] for m in modes}
+
+    def tps(x) -> str:
+        return f"{x:,.0f}" if x else "-"
+
+    def rounds(m: str) -> str:
+        return ", ".join(f"{tps(r['tokens_per_sec'])} ({r['load'][0]:.0f})" for r in got[m])
+
+    def firsts(m: str) -> str:
+        secs = sorted(r["first_step_ms"] / 1000 for r in got[m] if r["first_step_ms"])
+        return f"{secs[len(secs) // 2]:.1f} [{secs[0]:.1f}-{secs[-1]:.1f}]" if secs else "-"
+
+    def median_range(x: dict) -> str:
+        return f"{tps(x['median'])} [{tps(x['min'])}-{tps(x['max'])}]"
+
+    def loads(m: str) -> str:
+        return f"{total[m]['load_min']:.0f} to {total[m]['load_max']:.0f}"
+
+    ratio = rep["summary"]["ratio"]
+    return [f"| {rep['iterations']} steps a launch, the first {rep['skip']} not counted | eager (the line) "
+            "| compiled (no line, the shipped warm cache) |",
+            "|---|---|---|",
+            f"| tokens/s, median of {total['eager']['rounds']} / {total['compiled']['rounds']} rounds "
+            f"[min-max] | {median_range(total['eager'])} | {median_range(total['compiled'])} |",
+            f"| each round (load at its start) | {rounds('eager')} | {rounds('compiled')} |",
+            f"| compiled / eager, round by round | | {times(ratio)} |",
+            f"| first step, median of rounds [min-max] (s) | {firsts('eager')} | {firsts('compiled')} |",
+            f"| load, lowest to highest | {loads('eager')} | {loads('compiled')} |",
+            *first_launch(rep)]
+
+
+def first_launch(rep: dict) -> list[str]:
+    """What compiling costs once: the cold launch (the warm-up) against an eager launch with the smoke run,
+    and the steps a compiled run makes before the steady seconds it saves repay it."""
+    warm, eager = rep["warmup"], next((r for r in rep["rounds"] if r["mode"] == "eager" and r["smoke_run"]
+                                       and r["tokens_per_sec"]), None)
+    if eager is None:
+        return []
+    tokens = rep["tokens_per_step"]
+    saved = tokens / rep["summary"]["eager"]["median"] - tokens / rep["summary"]["compiled"]["median"]
+    extra = warm["wall_s"] - eager["wall_s"]
+    repaid = (f"| the cold launch's {extra} s more, repaid at the medians' {saved:.2f} s a step | "
+              f"| after {extra / saved:,.0f} steps |" if saved > 0 else
+              f"| the cold launch's {extra} s more, repaid | | never: at the medians, compiled is slower |")
+    return [f"| a launch with the smoke run, wall (s) (load) | {eager['wall_s']} ({eager['load'][0]:.0f} to "
+            f"{eager['load'][1]:.0f}) | {warm['wall_s']} ({warm['load'][0]:.0f} to {warm['load'][1]:.0f}), "
+            f"cold: the first launch of a lab |", repaid]
+
+
 def report(name: str) -> Path:
     return RESULTS / name / "report.json"
 
@@ -327,7 +380,9 @@ TABLES = {"distribution": ((report("distribution"),), distribution),
                              report("scaling_lab_overlap")), scaling_1gbit),
           "sync_overlap": ((report("scaling_lab_overlap"), report("scaling_lab_overlap_screen")),
                            sync_overlap),
-          "tune_nanochat": ((report("tune_nanochat_simlan"),), tune_nanochat)}
+          "tune_nanochat": ((report("tune_nanochat_simlan"),), tune_nanochat),
+          "nanochat_rounds": ((report("nanochat_compile_rounds"),), nanochat_rounds),
+          "nanochat_rounds_busy": ((report("nanochat_compile_rounds_busy"),), nanochat_rounds)}
 
 
 def render(name: str) -> str:

@@ -9,9 +9,12 @@ compile is paid once, as a lab pays it). Then --rounds rounds, each an eager and
 launch.yml (the order swapped every round: ABBA), each training --iterations steps (the docs' 20 would give
 a round 19 steady steps). A round's figure is the median tokens/s over its steps after the first
 --skip (the first compiled step loads the cache and compiles what the cache lacks). The load average is
-read before and after each launch. Run as root:
+read before and after each launch. With --smoke-rounds N the launches of rounds after N skip the smoke run
+(ddplab_smoke_run: false; it judges nothing the rounds measure, and takes minutes on a busy machine); the
+first eager launch with it is what the cold warm-up is set against. --resume continues a stopped bench
+whose hosts are still up. Run as root:
 
-    python bench/nanochat_rounds.py [--rounds 3] [--iterations 60]
+    python bench/nanochat_rounds.py [--rounds 3] [--iterations 60] [--smoke-rounds 1]
 
 Writes report.json (every round: its tokens/s, first-step dt, loads) and rounds.png; docs/your-code.md's
 table `nanochat_rounds` comes from report.json (bench/docs_tables.py).
@@ -160,7 +163,8 @@ def main() -> int:
     ap.add_argument("--work-in", default="/var/tmp", help="the bench makes a folder of its own in it")
     ap.add_argument("--resume", metavar="WORK", help="a stopped bench's folder (its hosts still up): the "
                     "launches report.json lacks, without the checkout and the warm-up")
-    ap.add_argument("--no-smoke", action="store_true", help="counted launches skip the smoke run")
+    ap.add_argument("--smoke-rounds", type=int, default=None, help="rounds whose launches run the smoke run "
+                    "(default all; after them it is off: it judges nothing the rounds measure)")
     ap.add_argument("--report-only", action="store_true", help="only remake the summary and the plot")
     args = ap.parse_args()
     if args.report_only:
@@ -178,9 +182,9 @@ def main() -> int:
         print(f"checkout prepared in {time.time() - started:.0f} s", flush=True)
         rep = {"hosts": "2 simlan hosts x 1 rank, --cpus auto (one core each)", "iterations": args.iterations,
                "skip": args.skip, "seconds": args.seconds, "warmup": lab.launch(0, "compiled"), "rounds": []}
-    lab.smoke = not args.no_smoke
     done = {(r["round"], r["mode"]) for r in rep["rounds"]}
     for k in range(1, args.rounds + 1):
+        lab.smoke = args.smoke_rounds is None or k <= args.smoke_rounds
         for mode in order(k):
             if (k, mode) not in done:
                 rep["rounds"].append(lab.launch(k, mode))

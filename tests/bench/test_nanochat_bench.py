@@ -29,7 +29,8 @@ def test_a_launch_counts_its_steps_after_the_warm_up_only():
 
 
 def test_compiled_is_set_against_the_eager_launch_of_its_own_round():
-    got = [{"round": 1, "mode": "eager", "tokens_per_sec": 1000, "load": [10, 12]},
+    got = [{"round": 1, "mode": "eager", "tokens_per_sec": 1000, "load": [10, 12], "smoke_run": True,
+            "wall_s": 200},
            {"round": 1, "mode": "compiled", "tokens_per_sec": 1500, "load": [12, 14]},
            {"round": 2, "mode": "compiled", "tokens_per_sec": 1000, "load": [20, 22]},
            {"round": 2, "mode": "eager", "tokens_per_sec": 800, "load": [22, 18]},
@@ -37,11 +38,21 @@ def test_compiled_is_set_against_the_eager_launch_of_its_own_round():
     s = rounds.summary(got)
     assert s["eager"] == {"rounds": 2, "median": 900, "min": 800, "max": 1000, "load_min": 5, "load_max": 22}
     assert s["ratio"] == {"median": 1.375, "min": 1.25, "max": 1.5, "n": 2}
-    table = "\n".join(docs_tables.nanochat_rounds({"iterations": 60, "skip": 2, "summary": s, "rounds": [
-        {**r, "first_step_ms": 4000.0} for r in got]}))
+    rep = {"iterations": 60, "skip": 2, "summary": s, "tokens_per_step": 1024,
+           "warmup": {"wall_s": 700, "load": [3, 9]}, "rounds": [{"first_step_ms": 4000.0, **r} for r in got]}
+    table = "\n".join(docs_tables.nanochat_rounds(rep))
     assert "| tokens/s, median of 2 / 2 rounds [min-max] | 900 [800-1,000] | 1,250 [1,000-1,500] |" in table
-    assert "| each round (load at its start) | 1,000 (10), 800 (22), - (5) | 1,500 (12), 1,000 (20) |" in table
+    assert "| each round (load at its start) | 1,000 (10), 800 (22), - (5) | 1,500 (12), 1,000 (20) |" \
+        in table
     assert "| compiled / eager, round by round | | 1.38x [1.25-1.50] |" in table
+    # the cold launch (the warm-up) against the eager launch with the smoke run: 500 s more, repaid at
+    # 1024/900 - 1024/1250 = 0.32 s a step
+    assert "| a launch with the smoke run, wall (s) (load) | 200 (10 to 12) | 700 (3 to 9), cold" in table
+    assert "| the cold launch's 500 s more, repaid at the medians' 0.32 s a step | | after 1,569 steps |" \
+        in table
+    rep["summary"]["compiled"]["median"] = 800
+    assert "| the cold launch's 500 s more, repaid | | never: at the medians, compiled is slower |" in \
+        "\n".join(docs_tables.nanochat_rounds(rep))
 
 
 def test_the_race_table_counts_failed_attempts_per_arm():
