@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -190,6 +191,8 @@ def main() -> int:
                 rep["rounds"].append(lab.launch(k, mode))
                 write(rep)  # a launch at a time: a stopped bench keeps what it measured
     simlan.down()
+    if not args.resume:
+        shutil.rmtree(work)  # the folder this run made (mkdtemp, ~440 MB); a resumed one is the caller's
     print(json.dumps(rep["summary"], indent=1))
     return 0
 
