@@ -95,12 +95,21 @@ def test_a_limit_that_matches_no_node_fails(finished, lab):
     assert "nosuchnode" in proc.stdout + proc.stderr
 
 
-def test_status_and_stop_limit_while_a_run_is_running(finished, lab):
+def test_a_launch_restores_code_edited_on_a_node_then_status_and_stop_limit_its_run(finished, lab):
+    """Every node passed the checks with these inputs (their records), but a file of the code was edited on
+    node1 since: the launch checks the nodes again and prepare restores the file (a skip that trusted the
+    record alone would train on the edited file). status and stop then work on part of its live run."""
     inv = finished.inventory_dir
+    train = "/root/ddplab/code/trainer/train.py"
+    original = finished.exec("node1", ["cat", train], timeout=30, check=True).stdout
+    finished.exec("node1", ["sh", "-c", f"echo '# edited on the node' >> {train}"], timeout=30, check=True)
     start = playbook("launch.yml", inventory=inv, timeout=420,
                      extra={**lab, "ddplab_trainer_steps": 100000, "ddplab_run_id": "lim-live"})
     assert start.returncode == 0, tail(start)
     try:
+        headers = task_headers(start)
+        assert any(h.startswith("code_sync : ") for h in headers), "\n".join(headers)
+        assert finished.exec("node1", ["cat", train], timeout=30, check=True).stdout == original
         time.sleep(3)
         st = playbook("status.yml", "-l", "node1", inventory=inv, extra=lab)
         assert st.returncode == 0, tail(st)
@@ -134,23 +143,12 @@ def test_prepare_limit_brings_a_wiped_node_back(finished, lab):
     assert any(h.startswith("preflight : ") for h in task_headers(run)), tail(run)
 
 
-def test_a_relaunch_checks_a_node_whose_code_changed_and_nothing_on_an_unchanged_lab(finished, lab):
-    """Every node passed the checks with these inputs (their records): an unchanged relaunch neither checks
-    nor prepares, while a file of the code edited on node1 since sends the launch back to the checks, and
-    prepare restores it (a skip that trusted the record alone would train on the edited file)."""
-    inv = finished.inventory_dir
-    train = "/root/ddplab/code/trainer/train.py"
-    original = finished.exec("node1", ["cat", train], timeout=30, check=True).stdout
-    finished.exec("node1", ["sh", "-c", f"echo '# edited on the node' >> {train}"], timeout=30, check=True)
-    extra = {**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 3}
-    edited = playbook("launch.yml", inventory=inv, timeout=420, extra={**extra, "ddplab_run_id": "lim-c"})
-    assert edited.returncode == 0, tail(edited)
-    headers = task_headers(edited)
-    assert any(h.startswith("code_sync : ") for h in headers), "\n".join(headers)
-    assert finished.exec("node1", ["cat", train], timeout=30, check=True).stdout == original
-    # The README's relaunch on a prepared, unchanged lab: one plan, no empty play, nothing checked or
-    # prepared, at most RELAUNCH_TASK_HEADERS tasks shown (issue 48: 61 before).
-    run = playbook("launch.yml", inventory=inv, timeout=420, extra={**extra, "ddplab_run_id": "lim-d"})
+def test_a_relaunch_on_an_unchanged_lab_neither_checks_nor_prepares(finished, lab):
+    """The README's relaunch on a prepared, unchanged lab (every node passed the checks with these inputs):
+    one plan, no empty play, nothing checked or prepared, at most RELAUNCH_TASK_HEADERS tasks shown (issue
+    48: 61 before)."""
+    run = playbook("launch.yml", inventory=finished.inventory_dir, timeout=420,
+                   extra={**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 1, "ddplab_run_id": "lim-d"})
     assert run.returncode == 0, tail(run)
     summary = json.loads((lab["ddplab_runs_dir"] / "lim-d" / "summary.json").read_text())
     assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
