@@ -102,9 +102,12 @@ def test_a_firewall_turned_off_since_the_record_sends_the_node_back_to_the_check
 
 def test_a_node_where_a_rank_of_the_lab_still_runs_is_checked_again(lab):
     ask(lab, write=True)
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            env={**os.environ, "DDPLAB_ROOT": str(lab)})
+    rank = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                            env={**os.environ, "DDPLAB_ROOT": str(lab)}, stdout=subprocess.PIPE, text=True)
     try:
+        # Popen may return before the kernel has set the new program's /proc cmdline and environ (vfork
+        # resumes the parent mid-exec; CI saw the probe read them empty once): ask once the rank runs.
+        assert rank.stdout.readline() == "up\n"
         got = ask(lab)
     finally:
         rank.kill()
