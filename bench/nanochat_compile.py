@@ -30,23 +30,13 @@ sys.path.insert(0, str(REPO))
 from nodeprobe import log_metrics  # noqa: E402
 from simlan import cluster as simlan  # noqa: E402
 from tests.byo import test_nanochat_simlan as nc  # noqa: E402
-from tests.byo.fixtures.nanochat.make_data import write_base_data  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "tune_nanochat_simlan"
 EAGER_LINE = re.compile(r"^  TORCH_COMPILE_OVERRIDE_BACKENDS: .*\n", re.M)  # the docs' eager line
 
 
 def checkout(root: Path, cluster) -> tuple[Path, Path, Path]:
-    code = root / "nanochat"
-    code.mkdir(parents=True)
-    shutil.copy2(nc.FIXTURE / "LICENSE", code / "LICENSE")
-    for folder in ("nanochat", "scripts"):
-        shutil.copytree(nc.FIXTURE / folder, code / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    nc.git(code, "init", "-q")
-    nc.git(code, "add", ".")
-    nc.git(code, "commit", "-qm", "nanochat 92d63d4")
-    write_base_data(code / "base_dir")
-    shutil.copy(nc.ddplab_path(nc.REQUIREMENTS[0]), code / nc.REQUIREMENTS[1])
+    code = nc.user_clone(root)
     inventory = root / "mylab"
     (inventory / "group_vars" / "all").mkdir(parents=True)
     shutil.copy(cluster.inventory_dir / "hosts.yml", inventory / "hosts.yml")

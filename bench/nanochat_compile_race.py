@@ -40,7 +40,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.byo import test_nanochat_simlan as nc  # noqa: E402  (the docs' commands and the fixture)
-from tests.byo.fixtures.nanochat.make_data import write_base_data  # noqa: E402
 from tests.helpers.launch_render import render_launch  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "nanochat_compile_race"
@@ -56,17 +55,8 @@ ERROR = re.compile(r"^.*(Error|error:|Traceback|file too short).*$", re.M)
 
 def prepare(root: Path) -> tuple[Path, Path]:
     """The docs' nanochat checkout (gloo patch, data, tokenizer) and a Python with its requirements."""
-    code = root / "nanochat"
-    code.mkdir(parents=True)
-    shutil.copy2(nc.FIXTURE / "LICENSE", code / "LICENSE")
-    for folder in ("nanochat", "scripts"):
-        shutil.copytree(nc.FIXTURE / folder, code / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    nc.git(code, "init", "-q")
-    nc.git(code, "add", ".")
-    nc.git(code, "commit", "-qm", "nanochat 92d63d4")
-    write_base_data(code / "base_dir")
+    code = nc.user_clone(root)
     requirements = code / nc.REQUIREMENTS[1]
-    shutil.copy(nc.ddplab_path(nc.REQUIREMENTS[0]), requirements)
     wheelhouse = root / "wheelhouse"
     wheelhouse.mkdir()
     for wheel in nc.SHARED_WHEELHOUSE.glob("*.whl"):

@@ -100,6 +100,23 @@ def shell(cmd: str, cwd: Path, path_first: Path | None = None, timeout: float = 
     return proc
 
 
+def user_clone(root: Path) -> Path:
+    """root/nanochat: a user's clone of the vendored commit, its data and the requirements file the docs
+    copy in (the tests' and the nanochat benches' one checkout)."""
+    code = root / "nanochat"
+    code.mkdir(parents=True)
+    # nanochat's own files (the fixture's others are ddplab's)
+    shutil.copy2(FIXTURE / "LICENSE", code / "LICENSE")
+    for folder in ("nanochat", "scripts"):
+        shutil.copytree(FIXTURE / folder, code / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    git(code, "init", "-q")
+    git(code, "add", ".")
+    git(code, "commit", "-qm", "nanochat 92d63d4")
+    write_base_data(code / "base_dir")  # DOWNLOAD's stand-in: no route to nanochat's data host here
+    shutil.copy(ddplab_path(REQUIREMENTS[0]), code / REQUIREMENTS[1])  # the README's "copy ... to ..."
+    return code
+
+
 def fill_wheelhouse(folder: Path, inventory: Path) -> None:
     """`make wheelhouse INV=<inventory>` into a folder of the test's own: the shared folder's wheels (torch)
     hard-linked first, so only the requirements' wheels (~30 MB) are downloaded."""
@@ -167,17 +184,7 @@ def checkout(simlan_cluster, tmp_path_factory, lab):
     for cmd in (APPLY, DOWNLOAD, TOK_TRAIN, EXCLUDE, *REQUIREMENTS):
         assert cmd in shown, f"{cmd!r} is no longer in docs/your-code.md's nanochat section: update this test"
     root = tmp_path_factory.mktemp("src")
-    code = root / "nanochat"
-    code.mkdir()
-    # nanochat's own files (the fixture's others are ddplab's)
-    shutil.copy2(FIXTURE / "LICENSE", code / "LICENSE")
-    for folder in ("nanochat", "scripts"):
-        shutil.copytree(FIXTURE / folder, code / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    git(code, "init", "-q")
-    git(code, "add", ".")
-    git(code, "commit", "-qm", "nanochat 92d63d4")
-    write_base_data(code / "base_dir")  # DOWNLOAD's stand-in: no route to nanochat's data host here
-    shutil.copy(ddplab_path(REQUIREMENTS[0]), code / REQUIREMENTS[1])  # the README's "copy ... to ..."
+    code = user_clone(root)
 
     inventory = root / "mylab"
     (inventory / "group_vars" / "all").mkdir(parents=True)
