@@ -56,9 +56,12 @@ def _real_rules() -> list[str]:
     return [ln for ln in rules.splitlines() if not re.search(r"\bSIMLAN\d+-(FWD|NAT)\b", ln)]
 
 
-def test_ufw_in_a_host_does_not_touch_the_real_firewall(simlan2, simlan_cluster):
+def test_ufw_in_a_host_does_not_touch_the_real_firewall(simlan_cluster):
     if shutil.which("ufw", path=f"{os.environ.get('PATH', '')}:/usr/sbin") is None:
         pytest.skip("ufw (Debian package ufw) is not installed")
+    # Fresh hosts: a cluster an earlier test of this worker prepared keeps ddplab's ufw rules (node0 allowed
+    # to node1's ephemeral port range, which holds PORT), and enabling ufw would load them.
+    simlan2 = simlan_cluster(2, fresh=True)
     real_files = [*Path("/etc/ufw").rglob("*"), Path("/etc/default/ufw")]
     before_rules = _real_rules()
     before_files = _digest(real_files)
