@@ -21,10 +21,12 @@ def _probe(cluster, host: str, *args: str) -> dict:
     return json.loads(r.stdout)
 
 
-def test_one_way_firewall_is_named_on_the_blocking_host(simlan2, simlan_cluster, tmp_path):
+def test_one_way_firewall_is_named_on_the_blocking_host(simlan_cluster, tmp_path):
     if shutil.which("ufw", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
         pytest.skip("ufw (Debian package ufw) is not installed")
-    c = simlan2
+    # Fresh hosts: a cluster an earlier test of this worker prepared keeps ddplab's ufw rules (node0 allowed
+    # to node1's ephemeral ports, where the probe listens), and enabling ufw would load them.
+    c = simlan_cluster(2, fresh=True)
     a0, a1 = c.host("node0").addr, c.host("node1").addr  # 10.77.<lab>.10/.11
     try:
         r = _probe(c, "node1", "resolve")
