@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
 import re
 import subprocess
@@ -58,6 +59,8 @@ DEFAULT_GLIBC = "2.28"  # torch 2.13's Linux wheels are manylinux_2_28: the olde
 # and glibc choose the wheels the node installs.
 VENV_PYTHON = "python3"
 REPO = Path(__file__).resolve().parents[1]  # its ansible.cfg names the ddplab_node action (plugins/action)
+# ddplab's own ansible (the venv's), beside this Python; --ansible names another.
+DEFAULT_ANSIBLE = str(Path(sys.executable).with_name("ansible"))
 
 
 def node_tags(python: str, machine: str, glibc: str) -> set[Tag]:
@@ -208,11 +211,25 @@ def write_manifest(folder: Path, torch: str, torch_wheels: dict[str, list[str]] 
     return manifest
 
 
+def run_ansible(argv: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """An ad-hoc ansible command (argv[0] is --ansible). ddplab's plugins import ddplab: its folder goes
+    first on PYTHONPATH, so an ansible installed outside ddplab's venv loads them too."""
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": path}
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd,
+                              env=env)
+    except OSError as e:
+        raise WheelhouseError(f"--ansible {argv[0]}: cannot run it ({e.strerror}); fix: name an ansible "
+                              f"command, or leave --ansible out to use ddplab's ({DEFAULT_ANSIBLE})") \
+            from None
+
+
 def ansible_value(inventory: str, ansible: str, expression: str):
     """A Jinja expression over the first node's variables, templated as a playbook would (no connection)."""
     argv = [ansible, "-i", inventory, "ddplab_nodes[0]", "-o", "-m", "ansible.builtin.debug",
             "-a", f"msg={{{{ ({expression}) | to_json }}}}"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    out = run_ansible(argv, timeout=120)
     m = re.search(r"=> (\{.*\})\s*$", out.stdout, re.M)
     if out.returncode != 0 or not m:
         raise WheelhouseError(f"{inventory}: could not read {expression} from the inventory "
@@ -242,7 +259,7 @@ def node_pythons(inventory: str, ansible: str) -> set[tuple[str, str, str]]:
     where = Path(inventory)
     argv = [ansible, "-i", str(where.resolve()) if where.exists() else inventory, "ddplab_nodes", "-o",
             "-m", "ddplab_node", "-a", f"nodeprobe=site-probe python={VENV_PYTHON}"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, cwd=REPO)
+    out = run_ansible(argv, timeout=300, cwd=REPO)
     found, failed = set(), []
     for line in out.stdout.splitlines():
         if " | " not in line:
@@ -252,8 +269,13 @@ def node_pythons(inventory: str, ansible: str) -> set[tuple[str, str, str]]:
             found.add(platform_of)
         else:
             failed.append(line.split(" | ")[0])
+    if not failed and not found and out.returncode != 0:  # no node answered: ansible itself did not run
+        said = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise WheelhouseError(f"{inventory}: {ansible} did not run ddplab's ddplab_node action ({said[0]}); "
+                              f"fix: leave --ansible out to use ddplab's own ansible ({DEFAULT_ANSIBLE}), "
+                              "or pass --python")
     if failed or out.returncode != 0:
-        names = ", ".join(failed) or out.stderr.strip().splitlines()[-1:] or ["?"]
+        names = ", ".join(failed) or "?"
         raise WheelhouseError(f"{inventory}: could not read the Python version of {names}; every node must "
                               f"answer over SSH with {VENV_PYTHON}; fix the node or pass --python")
     return found
@@ -340,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("-i", "--inventory", default="", help="read the nodes' Pythons and requirements from it")
     f.add_argument("--requirements", default="", help="a requirements file (default: the inventory's "
                    "ddplab_code_dir/ddplab_pip_requirements)")
-    f.add_argument("--ansible", default=str(Path(sys.executable).with_name("ansible")), help="ansible")
+    f.add_argument("--ansible", default=DEFAULT_ANSIBLE, help="the ansible command that reads the nodes")
     f.add_argument("--torch", default=DEFAULT_TORCH, help="torch version (its +cpu build)")
     f.add_argument("--package", action="append", default=list(DEFAULT_PACKAGES), help="another package")
     f.add_argument("--torch-index", default=DEFAULT_TORCH_INDEX, help="extra index with the +cpu builds")

@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -125,6 +126,43 @@ def test_fill_reads_each_nodes_python_the_one_way(simlan2, tmp_path):
         wh.node_pythons(str(inventory), ansible)
     assert str(e.value) == (f"{inventory}: could not read the Python version of ghost; every node must "
                             "answer over SSH with python3; fix the node or pass --python")
+
+
+def outside_ansible(folder: Path) -> Path:
+    """An ansible installed outside ddplab's venv: a venv that sees the same ansible packages but not
+    ddplab (a plain path in a .pth: that folder's own .pth files, ddplab's editable install, are not read)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=60)
+    (next(folder.glob("lib/python3*/site-packages")) / "ansible-only.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n")
+    ansible = folder / "bin" / "ansible"
+    ansible.write_text(f"#!{folder}/bin/python\nimport sys\nfrom ansible.cli.adhoc import main\n"
+                       "sys.exit(main())\n")
+    ansible.chmod(0o755)
+    return ansible
+
+
+def test_fill_reads_the_nodes_with_an_ansible_outside_ddplabs_venv(tmp_path):
+    """`wheelhouse fill --ansible PATH`: the ddplab_node action imports ddplab, which an ansible of its own
+    venv (pipx, the distribution's) cannot import by itself (the old fill said the nodes did not answer).
+    An ansible that cannot run at all is one message naming the fix, no traceback."""
+    ansible = outside_ansible(tmp_path / "venv")
+    alone = subprocess.run([tmp_path / "venv" / "bin" / "python", "-c", "import ansible.cli.adhoc, ddplab"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert "No module named 'ddplab'" in alone.stderr  # that ansible's Python has ansible, not ddplab
+    inventory = tmp_path / "inv"
+    inventory.mkdir()
+    (inventory / "hosts.yml").write_text("ddplab_nodes:\n  hosts:\n    localhost: "
+                                         "{ansible_connection: local}\n")
+    here = json.loads(subprocess.run(["python3", "-I", str(REPO / "nodeprobe" / "site_probe.py")],
+                                     capture_output=True, text=True, check=True, timeout=30).stdout)
+    assert wh.node_pythons(str(inventory), str(ansible)) == {tuple(here["platform"].split())}
+    proc = subprocess.run([sys.executable, "-m", "ddplab.wheelhouse", "fill", "--dir", str(tmp_path / "wh"),
+                           "-i", str(inventory), "--ansible", str(tmp_path / "no-ansible")], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr == (
+        f"ddplab: error: --ansible {tmp_path}/no-ansible: cannot run it (No such file or directory); "
+        f"fix: name an ansible command, or leave --ansible out to use ddplab's ({wh.DEFAULT_ANSIBLE})\n"), \
+        proc.stderr
 
 
 NODEPROBE_PLAY = textwrap.dedent("""\
