@@ -5,7 +5,7 @@ folder of its own (roles/launch's rank_python); this bench repeats a cold compil
 one host, into bench/results/nanochat_compile_race/.
 
 Each attempt renders the launch role's real launch.sh, trainer.env and rank_python for one node of 2 local
-ranks (tests/helpers/launch_render.py, as tests/byo/test_compile_cache.py does) and runs them in a fresh
+ranks (ddplab/launch_render.py, as tests/byo/test_compile_cache.py does) and runs them in a fresh
 lab folder: torchrun on 127.0.0.1 starts `-m scripts.base_train` of the docs' gloo-patched nanochat in its
 smallest configuration (--depth=1, --max-seq-len=64: the same torch.compile calls as d4, the model and
 the optimizer's fused steps, with fewer and smaller kernels), every cache cold. Two arms, interleaved:
@@ -39,8 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ddplab.launch_render import render_launch  # noqa: E402
 from tests.byo import test_nanochat_simlan as nc  # noqa: E402  (the docs' commands and the fixture)
-from tests.helpers.launch_render import render_launch  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "nanochat_compile_race"
 ARMS = ("own", "shared")

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.helpers.launch_render import REPO, render_launch
+from ddplab.launch_render import REPO, render_launch
 
 FIXTURES = REPO / "tests" / "nodeprobe" / "smoke_fixtures"
 PLACED = {"launch.sh": "launch.sh", "trainer.env": "trainer.env", "rank_python.sh": "rank_python"}

@@ -9,8 +9,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from ddplab.launch_render import render_launch
 from nodeprobe import pack_run
-from tests.helpers.launch_render import render_launch
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = ("# Environment of run r1 on node0 (rank 0).\nDDPLAB_RUN_ID=r1\nNODE_RANK=0\nGLOO_SOCKET_IFNAME=eth0\n"
@@ -48,7 +48,7 @@ SECRETS = {"PEM": "-----BEGIN KEY-----\nAAAA=\nsecret-line-2\n-----END KEY-----"
 
 def rendered_env(env: dict) -> str:
     """roles/launch/templates/trainer.env.j2 for one node with ddplab_env = env
-    (tests/helpers/launch_render.py: the role's defaults and vars, the facts a play sets)."""
+    (ddplab/launch_render.py: the role's defaults and vars, the facts a play sets)."""
     lab = {"root": "/l", "code": "/l/code", "pythonpath": "/l/code", "data": "/l/data", "runs": "/l/runs",
            "socket": "/l/tmux.sock", "python_file": "/l/python", "compile_cache": "/l/compile-cache"}
     facts = {"ddplab_lab": lab, "ddplab_run": "r1", "ddplab_run_dir": "/l/runs/r1",

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers.launch_render import REPO, render_launch
+from ddplab.launch_render import REPO, render_launch
 from trainer.cli import check_args
 
 RDZV_TIMEOUT_S = 8

@@ -1,9 +1,10 @@
-"""Render the launch role's real templates (launch.sh.j2, trainer.env.j2) for one node, without Ansible.
+"""Render the launch role's real templates (launch.sh.j2, trainer.env.j2, rank_python.sh.j2) for one node,
+without Ansible: for the tests and benches that run a node's launch files by hand.
 
 The variables are what a play gives the launch role: the ddplab role's defaults, the launch role's
 defaults and vars (read from roles/*/{defaults,vars}/main.yml and resolved lazily, as Ansible does), the facts
-that tasks set (`facts`, given explicitly by the test). Undefined variables fail loudly (StrictUndefined),
-so a renamed variable breaks the test instead of rendering an empty string. The few Ansible filters the
+that tasks set (`facts`, given explicitly by the caller). Undefined variables fail loudly (StrictUndefined),
+so a renamed variable breaks the caller instead of rendering an empty string. The few Ansible filters the
 templates and defaults use are re-implemented here with Ansible's meaning.
 """
 
@@ -21,7 +22,7 @@ import jinja2
 import yaml
 from jinja2.nativetypes import NativeEnvironment
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 ROLES = REPO / "roles"
 TEMPLATES = ("launch.sh.j2", "trainer.env.j2", "rank_python.sh.j2")
 
@@ -105,7 +106,7 @@ def role_vars(role: str) -> dict:
 def render_launch(facts: dict, *, inventory_hostname: str = "node0") -> dict[str, str]:
     """{template name without .j2: rendered text} for one node; `facts` also override any default."""
     play = {"playbook_dir": str(REPO / "playbooks"), "inventory_hostname": inventory_hostname,
-            "ansible_managed": "Ansible managed (rendered by tests/helpers/launch_render.py)"}
+            "ansible_managed": "Ansible managed (rendered by ddplab/launch_render.py)"}
     variables = _Vars(play | role_defaults("ddplab") | role_defaults("launch") | role_vars("launch") | facts)
     env = _setup(jinja2.Environment(loader=jinja2.FileSystemLoader(ROLES / "launch" / "templates"),
                                     undefined=jinja2.StrictUndefined, trim_blocks=True,
