@@ -5,9 +5,11 @@ summary.json (rank 0's host), exit_code, launch.log, trainer.env, code.json (doc
 found anywhere under each host folder (the trainer writes them in out/). A host without metrics (your own
 entry point, or a rank that died before its first step) still gets a row with its exit code; when its
 launch.log holds the lines your code printed (nodeprobe/log_metrics.py: nanoGPT's, nanochat's, or
-ddplab_log_pattern), the row gets their steps, final loss, tokens/s and step time (medians over the steps
-after the first), loss.png their loss curve, and the run its steps, last loss and tokens/s: the sum of the
-nodes' medians (nanoGPT and nanochat print the run's figure on rank 0 only).
+ddplab_log_pattern), the row gets their last step, final loss, tokens/s and step time (medians over the steps
+after the first), loss.png their loss curve, and the run its last step, last loss and tokens/s: the sum of
+the nodes' medians (nanoGPT and nanochat print the run's figure on rank 0 only). A row's last step is the last
+step number the rank wrote, in its own count: the built-in trainer's starts at 1 (its steps made), nanochat's
+and nanoGPT's at 0.
 """
 
 import json
@@ -22,7 +24,7 @@ from nodeprobe import log_metrics
 from nodeprobe.cpu_power import GOVERNOR_FIX
 from trainer import straggler_rule
 
-COLUMNS = [("host", "host"), ("rank", "rank"), ("exit", "exit"), ("steps", "steps"),
+COLUMNS = [("host", "host"), ("rank", "rank"), ("exit", "exit"), ("last step", "last_step"),
            ("final loss", "final_loss"), ("tokens/s", "tokens_per_sec"), ("step ms p50", "step_ms_p50"),
            ("all-reduce ms p50", "allreduce_ms_p50"), ("comm/compute", "comm_compute_ratio"),
            # share: sequences of the global batch per step (moves with --balance); wait: the exposed
@@ -141,7 +143,7 @@ def _log_row(r):
     """A row of a host whose figures come from its printed lines: the columns that have an equivalent."""
     figures = log_metrics.summary(r["log"]["records"])
     return {**{k: None for _, k in COLUMNS}, "host": r["host"], "rank": r["rank"], "exit": r["exit"],
-            **{k: figures[k] for k in ("steps", "final_loss", "tokens_per_sec", "step_ms_p50")}}
+            **{k: figures[k] for k in ("last_step", "final_loss", "tokens_per_sec", "step_ms_p50")}}
 
 
 def log_summary(ranks) -> dict:
@@ -150,10 +152,10 @@ def log_summary(ranks) -> dict:
     if not logs:
         return {}
     figures = [log_metrics.summary(r["log"]["records"]) for r in logs]
-    last = max(figures, key=lambda f: f["steps"] if f["steps"] is not None else -1)
+    last = max(figures, key=lambda f: f["last_step"] if f["last_step"] is not None else -1)
     rates = [f["tokens_per_sec"] for f in figures if f["tokens_per_sec"] is not None]
     out = {"metrics_from": f"launch.log ({', '.join(sorted({r['log']['format'] for r in logs}))} lines)",
-           "steps": last["steps"], "loss_last": last["final_loss"],
+           "last_step": last["last_step"], "loss_last": last["final_loss"],
            "tokens_per_sec": sum(rates) if rates else None,
            "val_loss": last["val_loss"], "val_bpb": last["val_bpb"]}
     return {k: v for k, v in out.items() if v is not None}
@@ -163,9 +165,9 @@ def _row(r):
     if printed(r):
         return _log_row(r)
     rows, summ = r["rows"], r["summary"]
-    steps = rows[-1].get("step") if rows else None
+    last_step = rows[-1].get("step") if rows else None
     return {
-        "host": r["host"], "rank": r["rank"], "exit": r["exit"], "steps": steps,
+        "host": r["host"], "rank": r["rank"], "exit": r["exit"], "last_step": last_step,
         "final_loss": rows[-1].get("loss") if rows else None,
         "tokens_per_sec": summ.get("tokens_per_sec", _median(x.get("tokens_per_sec") for x in rows)),
         "step_ms_p50": _median(x.get("dt_ms") for x in rows),
@@ -204,9 +206,9 @@ def _fmt(v):
 
 def markdown(run_dir, table, merged):
     lines = [f"# Run {Path(run_dir).name}", ""]
-    for key in ("world_size", "params", "steps", "tokens_per_sec", "byte_equivalent", "torch_version",
-                "dtype", "threads", "hosts", "tokens_seen", "global_batch_tokens", "loss_last", "val_loss",
-                "val_bpb", "metrics_from"):
+    for key in ("world_size", "params", "steps", "last_step", "tokens_per_sec", "byte_equivalent",
+                "torch_version", "dtype", "threads", "hosts", "tokens_seen", "global_batch_tokens",
+                "loss_last", "val_loss", "val_bpb", "metrics_from"):
         if key in merged:
             value = merged[key]
             text = ", ".join(map(str, value)) if isinstance(value, list) else _fmt(value)

@@ -207,9 +207,10 @@ def progress(records: list[dict], context: dict, recent: int = 20) -> dict:
 
 
 def summary(records: list[dict]) -> dict:
-    """One log's figures for the report: last step, final loss, median tokens/s and step time over the
-    steps after the first (warm-up), last validation figures."""
-    return {"steps": last(records, "step"), "final_loss": last(records, "loss"),
+    """One log's figures for the report: the last step number it printed (in the code's own count:
+    nanochat's and nanoGPT's start at 0, so it is not the number of steps made), final loss, median tokens/s
+    and step time over the steps after the first (warm-up), last validation figures."""
+    return {"last_step": last(records, "step"), "final_loss": last(records, "loss"),
             "tokens_per_sec": median(timed(records, "tokens_per_sec")),
             "step_ms_p50": median(timed(records, "dt_ms")),
             "val_loss": last(records, "val_loss"), "val_bpb": last(records, "val_bpb")}

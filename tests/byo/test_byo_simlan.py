@@ -195,7 +195,7 @@ def test_a_users_fsdp2_script_trains_sharded_across_two_hosts(simlan2, lab, seed
     assert [int(i) for i, _ in iters] == list(range(12)) and float(iters[-1][1]) < float(iters[0][1])
     summary = json.loads((run / "summary.json").read_text())
     assert summary["all_exited_zero"] is True and summary["metrics_from"] == "launch.log (nanogpt lines)"
-    assert summary["steps"] == 11 and summary["loss_last"] == float(iters[-1][1])
+    assert summary["last_step"] == 11 and summary["loss_last"] == float(iters[-1][1])
     assert summary["tokens_per_sec"] > 0  # 2 ranks x 8 x 32 tokens an iteration, over its median time
     report = (run / "report.md").read_text()
     assert f"- loss_last: {summary['loss_last']:.4g}" in report and "- tokens_per_sec: " in report, report

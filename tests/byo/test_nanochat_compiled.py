@@ -88,7 +88,7 @@ def test_compiled_nanochat_trains_on_two_hosts_with_one_compile(checkout, lab, c
     assert len(losses) == ITERATIONS and all(math.isfinite(x) and x > 0 for x in losses), losses
     summary = json.loads((run / "summary.json").read_text())
     # the report reads nanochat's lines: its last step line is step ITERATIONS - 1 (no evaluation after it)
-    assert summary["all_exited_zero"] is True and summary["steps"] == ITERATIONS - 1, summary
+    assert summary["all_exited_zero"] is True and summary["last_step"] == ITERATIONS - 1, summary
     assert math.isfinite(summary["loss_last"]) and summary["loss_last"] > 0, summary
 
     # compiled for real: inductor's code generation built kernels (the eager line builds none: "no

@@ -326,7 +326,7 @@ def test_patched_trains_as_one_group_across_both_hosts(checkout, lab, patched):
     assert summary["all_exited_zero"] is True and summary["code_identical"] is True
     assert summary["metrics_from"] == "launch.log (nanochat lines)", summary["metrics_from"]
     # the last line it prints is step 20's evaluation ("Step 00020 | Validation bpb"), after 20 steps
-    assert summary["steps"] == 20 and summary["loss_last"] > 0 and summary["tokens_per_sec"] > 0
+    assert summary["last_step"] == 20 and summary["loss_last"] > 0 and summary["tokens_per_sec"] > 0
     report = (run / "report.md").read_text()
     assert f"- loss_last: {summary['loss_last']:.4g}" in report and "- tokens_per_sec: " in report, report
     assert "(nanochat lines)" in report and (run / "loss.png").is_file()

@@ -96,9 +96,9 @@ def test_the_repository_trains_across_two_hosts_from_its_folder(first_run, lab, 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["code_identical"] is True and summary["all_exited_zero"] is True
     # the lines the code printed (nanoGPT's iter line, rank 0 only) give the report and the progress
-    assert summary["metrics_from"] == "launch.log (nanogpt lines)" and summary["steps"] == 3
+    assert summary["metrics_from"] == "launch.log (nanogpt lines)" and summary["last_step"] == 3
     assert summary["loss_last"] == float(f"{result['losses'][-1]:.4f}") and summary["tokens_per_sec"] > 0
-    assert [r["steps"] for r in summary["ranks"]] == [3, None] and (run / "loss.png").is_file()
+    assert [r["last_step"] for r in summary["ranks"]] == [3, None] and (run / "loss.png").is_file()
     assert "step 3 loss " in proc.stdout and "step -/" not in proc.stdout  # no built-in trainer's total
 
 

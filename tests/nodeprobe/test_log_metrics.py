@@ -26,7 +26,8 @@ def test_nanogpt_lines_give_steps_loss_total_and_tokens_per_second(tmp_path):
     assert train[-1]["tokens_per_sec"] == pytest.approx(3072 / 0.106)  # tokens per iteration / step time
     assert [r["val_loss"] for r in log["records"] if "val_loss" in r] == pytest.approx([4.3, 4.0, 3.7])
     s = lm.summary(log["records"])
-    assert s["steps"] == 6 and s["final_loss"] == pytest.approx(3.4) and s["val_loss"] == pytest.approx(3.7)
+    assert s["last_step"] == 6 and s["final_loss"] == pytest.approx(3.4)
+    assert s["val_loss"] == pytest.approx(3.7)
     assert s["step_ms_p50"] == pytest.approx(103.5)  # iter 0 (500 ms, compile and eval) is warm-up
     p = lm.progress(log["records"], log["context"])
     assert p["step"] == 6 and p["total"] == 6 and p["eta_s"] == 0

@@ -121,15 +121,19 @@ def test_report_of_your_code_from_the_lines_it_printed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     merged = json.loads((run / "summary.json").read_text())
     node0, node1 = merged["ranks"]
-    assert (node0["steps"], node0["final_loss"]) == (19, 8.5)
+    # nanochat counts from 0: its 20 steps end at step 19, the last step it printed (not a count of steps)
+    assert (node0["last_step"], node0["final_loss"]) == (19, 8.5)
     # median of steps 1..19 (step 0, the warm-up, left out): tok/sec = int(524288 / (0.25 + s / 1000))
     assert node0["tokens_per_sec"] == int(524288 / 0.26) and node0["step_ms_p50"] == 260.0
-    assert node0["allreduce_ms_p50"] is None and node1["steps"] is None and node1["tokens_per_sec"] is None
-    assert merged["steps"] == 19 and merged["loss_last"] == 8.5 and merged["val_bpb"] == 2.9
+    assert node0["allreduce_ms_p50"] is None
+    assert node1["last_step"] is None and node1["tokens_per_sec"] is None
+    assert merged["last_step"] == 19 and "steps" not in merged
+    assert merged["loss_last"] == 8.5 and merged["val_bpb"] == 2.9
     assert merged["tokens_per_sec"] == node0["tokens_per_sec"]  # the sum of the nodes': rank 0 prints it
     assert merged["has_metrics"] is False and merged["has_log_metrics"] is True
     table = (run / "report.md").read_text()
     assert "- metrics_from: launch.log (nanochat lines)" in table and "![loss](loss.png)" in table
+    assert "- last_step: 19" in table and "| host | rank | exit | last step | final loss |" in table
     assert f"| node0 | - | 0 | 19 | 8.5 | {int(524288 / 0.26)} | 260 | - |" in table
     assert "| node1 | - | 0 | - | - | - |" in table
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -155,14 +159,14 @@ def test_report_of_nanogpt_lines_and_of_the_built_in_trainer_unchanged(tmp_path)
     user_host(run / "node0", nanogpt_log(max_iters=6))
     assert run_report(run).returncode == 0
     merged = json.loads((run / "summary.json").read_text())
-    assert merged["steps"] == 6 and merged["val_loss"] == 3.7 and merged["tokens_per_sec"] > 0
+    assert merged["last_step"] == 6 and merged["val_loss"] == 3.7 and merged["tokens_per_sec"] > 0
     builtin = tmp_path / "run-b"
     write_rank(builtin / "nodeA", 0, [5.0, 4.0], summary={"world_size": 1})
     (builtin / "nodeA" / "launch.log").write_text("\n".join(nanochat_log(upto=3)) + "\n")  # not read
     assert run_report(builtin).returncode == 0
     merged = json.loads((builtin / "summary.json").read_text())
     assert "metrics_from" not in merged and "has_log_metrics" not in merged
-    assert merged["ranks"][0]["steps"] == 2
+    assert merged["ranks"][0]["last_step"] == 2  # the built-in trainer counts from 1: its 2 steps
 
 
 def test_a_run_that_waits_on_its_all_reduce_gets_the_low_communication_section(tmp_path):
