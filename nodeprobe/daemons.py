@@ -1,8 +1,9 @@
 """Start (or restart) the Slurm daemons on a node without systemd (stdlib only, no package imports).
 
-Shipped alone, as root: ``nodeprobe daemons --spec JSON`` (roles/slurm; ddplab/node_command.py), because the
-node may have no init system that runs services (a simulated stock host: PID 1 is simlan's init.sh). The
-spec lists daemons in start order::
+Shipped alone, as root: ``nodeprobe daemons < SPEC`` (roles/slurm; ddplab/node_command.py: the program first
+on stdin, its SPEC, JSON, after it, as every verb shipped alone), because the node may have no init system
+that runs services (a simulated stock host: PID 1 is simlan's init.sh). The spec lists daemons in start
+order::
 
     {"daemons": [{"name": "munged", "pidfile": "/run/munge/munged.pid",
                   "argv": ["runuser", "-u", "munge", "--", "/usr/sbin/munged"], "restart": false}, ...]}
@@ -12,12 +13,12 @@ keeps 15 characters). ``restart`` (its configuration changed): a running one get
 own pid file recorded, and is started again once it is gone; nothing is signalled by name. Each daemon
 forks into the background itself; this waits until its pid file names it. Prints
 ``{"started": [...], "restarted": [...], "running": [...]}``; a daemon that does not come up exits 1
-with ``{"error": ...}`` naming it and the last lines of its log.
+with ``{"error": ...}`` naming it and the last lines of its log; a spec that is not this JSON exits 2 with
+``{"error": ...}`` saying so.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -85,12 +86,30 @@ def ensure(daemons: list[dict], grace: float = 20.0, start_wait: float = 20.0) -
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="daemons.py", description=__doc__.splitlines()[0])
-    p.add_argument("--spec", required=True, help="JSON: {daemons: [{name, pidfile, argv, restart, log}]}")
-    args = p.parse_args(argv)
+def read_spec(text: str) -> list[dict]:
+    """The daemons of a spec (the JSON above); ValueError saying what is wrong."""
     try:
-        result = ensure(json.loads(args.spec)["daemons"])
+        daemons = json.loads(text)["daemons"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"the spec on stdin is not {{\"daemons\": [...]}} JSON ({type(e).__name__}: {e})") \
+            from None
+    if not isinstance(daemons, list) or not all(isinstance(d, dict) for d in daemons):
+        raise ValueError("the spec's daemons is not a list of {name, pidfile, argv, restart, log}")
+    return daemons
+
+
+def main(argv: list[str] | None = None, text: str | None = None) -> int:
+    """Start the daemons of the spec on stdin (or `text`); print one JSON answer."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        if args:
+            raise ValueError(f"takes no arguments (its spec comes on stdin after the program), got {args[0]}")
+        daemons = read_spec(sys.stdin.read() if text is None else text)
+    except ValueError as e:
+        print(json.dumps({"error": f"daemons: {e}"}))
+        return 2
+    try:
+        result = ensure(daemons)
     except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
         print(json.dumps({"error": str(e)}))
         return 1

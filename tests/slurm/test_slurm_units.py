@@ -17,6 +17,7 @@ import jinja2
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from ddplab.node_command import nodeprobe_command
 from nodeprobe import daemons
 from nodeprobe.run_status import alive_state
 
@@ -219,9 +220,29 @@ def test_a_daemon_that_does_not_come_up_is_named_with_its_words(tmp_path, capsys
     spec = {"daemons": [{"name": "sleep", "pidfile": str(tmp_path / "none.pid"),
                          "argv": ["sh", "-c", "echo 'fatal: no config' >&2; exit 1"],
                          "log": "/var/log/x.log"}]}
-    assert daemons.main(["--spec", json.dumps(spec)]) == 1
+    assert daemons.main([], json.dumps(spec)) == 1
     err = json.loads(capsys.readouterr().out)["error"]
     assert "sleep did not start" in err and "fatal: no config" in err and "/var/log/x.log" in err
+
+
+def test_daemons_reads_its_spec_after_its_program_on_stdin(tmp_path):
+    """As ddplab_node runs it (roles/slurm): the program, then its spec, on stdin, as every verb shipped
+    alone (nothing of the spec on the node's argv); a bad spec is one JSON error line, no traceback."""
+    argv, program = nodeprobe_command("daemons", [], sys.executable)
+    d = _sleeper(tmp_path)
+    try:
+        proc = subprocess.run(argv, input=program + json.dumps({"daemons": [d]}) + "\n", capture_output=True,
+                              text=True, timeout=60)
+        assert (proc.returncode, json.loads(proc.stdout)) == (0, {"started": ["sleep"], "restarted": [],
+                                                                  "running": []}), proc.stderr
+    finally:
+        pid = daemons.pid_of("sleep", d["pidfile"])
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+    for bad in ("{", '{"daemons": {"name": "sleep"}}'):
+        proc = subprocess.run(argv, input=program + bad, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stderr == "", proc.stderr
+        assert json.loads(proc.stdout)["error"].startswith("daemons: the spec"), proc.stdout
 
 
 def test_settings_refuse_elastic_under_slurm_with_one_message():
