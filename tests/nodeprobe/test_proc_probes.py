@@ -232,7 +232,9 @@ def _listener(port_file: Path) -> list[str]:
 
 
 def _port_of(port_file: Path) -> str:
-    deadline = time.monotonic() + 10
+    # a bound, not a wait: the hand-started torchrun imports torch before its rank listens (6.7-8.0 s here
+    # at load 12.5; CI's 2 cores reach load 15-20)
+    deadline = time.monotonic() + 120
     while not (port_file.exists() and port_file.read_text()):
         assert time.monotonic() < deadline, "the listener did not start"
         time.sleep(0.05)
