@@ -8,8 +8,10 @@ named by each --glob (relative to --glob-dir, the ranks' working folder, default
 only files inside that folder; packed under their path relative to it), and the whole tmux scrollback of the
 run's session as pane.txt. Every member is a plain file (a link is packed as the file it names, when that is
 inside its folder): the control host unpacks plain files only (ddplab/unpack.py). The archive is 0600 and
-trainer.env goes in with the values of ddplab_env redacted. Prints one JSON object: {"files": [...], "pane":
-bool}. A run folder that does not exist or holds no matching file prints {"files": []} (the role names it).
+trainer.env goes in with the values of ddplab_env redacted. Prints one JSON object: {"files": [...],
+"archive": OUT, "sha256": the archive's SHA-256} (the control host checks its copy against it,
+plugins/action/ddplab_fetch.py). A run folder that does not exist or holds no matching file prints
+{"files": [], "archive": null, "sha256": null} (the role names it).
 Standard library only: it runs with the node's system Python from the synced code folder.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import glob
+import hashlib
 import io
 import json
 import os
@@ -97,6 +100,14 @@ def _add_text(tar: tarfile.TarFile, name: str, text: str, mode: int) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+def sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def pack(out: str, files: dict[str, str], pane: str) -> None:
     """The archive, 0600 from its first byte (it is removed once fetched, roles/logs)."""
     tmp = f"{out}.tmp"
@@ -128,7 +139,8 @@ def main(argv=None) -> int:
     files = select(a.run_dir, a.pattern, a.exclude, a.glob, a.glob_dir) if os.path.isdir(a.run_dir) else {}
     if files:
         pack(a.out, files, capture_pane(a.socket, a.session))
-    json.dump({"files": list(files), "archive": a.out if files else None}, sys.stdout)
+    json.dump({"files": list(files), "archive": a.out if files else None,
+               "sha256": sha256(a.out) if files else None}, sys.stdout)
     print()
     return 0
 

@@ -1,7 +1,9 @@
-"""nodeprobe/pack_run.py: the archive collect_logs.yml fetches is 0600 and carries no ddplab_env value."""
+"""nodeprobe/pack_run.py: the archive collect_logs.yml fetches is 0600, carries no ddplab_env value, and its
+SHA-256 is printed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import stat
 import subprocess
@@ -29,7 +31,10 @@ def test_the_archive_is_private_and_redacts_the_users_environment(tmp_path):
                            str(tmp_path / "none.sock"), "--session", "r1", "--pattern", "trainer.env",
                            "--pattern", "launch.log"], cwd=REPO, capture_output=True, text=True, timeout=60,
                           check=True)
-    assert json.loads(proc.stdout)["files"] == ["launch.log", "trainer.env"]
+    printed = json.loads(proc.stdout)
+    assert printed["files"] == ["launch.log", "trainer.env"]
+    # the control host checks its copy against it (plugins/action/ddplab_fetch.py), with no stat module
+    assert printed["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     with tarfile.open(out) as tar:
         env = tar.extractfile("trainer.env").read().decode()

@@ -146,10 +146,15 @@ def test_prepare_limit_brings_a_wiped_node_back(finished, lab):
 def test_a_relaunch_on_an_unchanged_lab_neither_checks_nor_prepares(finished, lab):
     """The README's relaunch on a prepared, unchanged lab (every node passed the checks with these inputs):
     one plan, no empty play, nothing checked or prepared, at most RELAUNCH_TASK_HEADERS tasks shown (issue
-    48: 61 before)."""
-    run = playbook("launch.yml", inventory=finished.inventory_dir, timeout=420,
+    48: 61 before), and no Ansible module run on any node (-vvv names each module it sends; the collect's
+    fetch ran the stat module on every node, about 2 s of a loaded 2-host relaunch)."""
+    run = playbook("launch.yml", "-vvv", inventory=finished.inventory_dir, timeout=420,
                    extra={**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 1, "ddplab_run_id": "lim-d"})
     assert run.returncode == 0, tail(run)
+    assert "Using module file" not in run.stdout, "\n".join(
+        ln for ln in run.stdout.splitlines() if ln.startswith(("TASK [", "Using module file")))
+    for host in ("node0", "node1"):  # the archive went once fetched
+        assert finished.exec(host, ["test", "-e", "/root/ddplab/collect.tgz"], timeout=30).returncode == 1
     summary = json.loads((lab["ddplab_runs_dir"] / "lim-d" / "summary.json").read_text())
     assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
     headers = task_headers(run)
