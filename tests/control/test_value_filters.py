@@ -61,6 +61,24 @@ def test_lab_addrs_home_paths_and_run_hosts():
     assert lab_facts.run_hosts(nodes, hostvars, "slurm", "2") == ["n0", "n1"]
 
 
+def test_known_home_is_the_first_read_that_answered():
+    """lab_facts reads the home folder only when no step of the command did: its own read, preflight's SSH
+    check, a relaunch's ready probe (its JSON); a skipped, failed or unreachable result is no answer."""
+    ready = {"rc": 0, "stdout": '{"probe": "ready", "ready": true, "why": "", "home": "/home/r"}'}
+    skipped = {"skipped": True, "changed": False}
+    assert lab_facts.known_home({"plan_ready": ready}) == "/home/r"
+    assert lab_facts.known_home({"lab_facts_home": skipped, "preflight_ssh": {"rc": 0, "stdout": "/home/p"},
+                                 "plan_ready": ready}) == "/home/p"
+    own = {"rc": 0, "stdout": "/home/o"}
+    assert lab_facts.known_home({"lab_facts_home": own, "plan_ready": ready}) == "/home/o"
+    gone = {"unreachable": True, "msg": "x"}
+    assert lab_facts.known_home({"preflight_ssh": gone, "plan_ready": ready}) == "/home/r"
+    for none in ({}, {"plan_ready": skipped}, {"plan_ready": {"rc": 0, "stdout": "not json"}},
+                 {"plan_ready": {"rc": 1, "stdout": ready["stdout"]}}, {"plan_ready": {"unreachable": True}},
+                 {"plan_ready": {"rc": 0, "stdout": '{"probe": "ready", "written": "/x"}'}}):
+        assert lab_facts.known_home(none) == "", none
+
+
 pip_wheels = load("roles/torch_env/filter_plugins/pip_wheels.py")
 
 

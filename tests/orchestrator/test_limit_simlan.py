@@ -163,6 +163,8 @@ def test_a_relaunch_on_an_unchanged_lab_neither_checks_nor_prepares(finished, la
     steps = ("preflight", "node_prereqs", "torch_env", "code_sync", "dataset", "firewall")
     assert not any(h.startswith(steps) for h in headers), "\n".join(headers)
     assert sum("Validating arguments" in h for h in headers) == 0, "\n".join(headers)
+    # the plan's ready probe said each node's home folder: lab_facts does not ask again
+    assert not any(h.startswith("lab_facts : Read the home folder") for h in headers), "\n".join(headers)
 
 
 @pytest.mark.parametrize("chosen,other", [("node1", "node0"), ("node0", "node1")])

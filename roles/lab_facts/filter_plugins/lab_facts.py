@@ -2,12 +2,14 @@
 
     {{ groups['ddplab_nodes'] | lab_addrs(hostvars) }}  -> {node: ddplab_addr, else ansible_host, else name}
     {{ ddplab_root | home_path(home) }}                 -> ~ as the node's home, no trailing /
+    {{ hostvars[node] | known_home }}                   -> the node's home as this command read it, or ''
     {{ groups['ddplab_nodes'] | run_hosts(hostvars, ddplab_scheduler, ddplab_slurm_nodes) }}
       -> the nodes a run trains on: every node; under Slurm with ddplab_slurm_nodes N, those of rank 0..N-1
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 
@@ -21,6 +23,30 @@ def home_path(path: str, home: str) -> str:
     return re.sub("/+$", "", re.sub(r"^~(?=/|$)", lambda _: str(home), str(path)))
 
 
+# The registered results that hold a node's home folder, first one that answered wins: lab_facts' own read,
+# preflight's SSH check (its stdout is $HOME), the plan's ready probe (a relaunch; its JSON's "home").
+HOME_READS = ("lab_facts_home", "preflight_ssh", "plan_ready")
+
+
+def known_home(node_vars) -> str:
+    """The node's home folder as a step of this command already read it, '' when none did (a skipped,
+    failed or unreachable result counts as none)."""
+    for name in HOME_READS:
+        result = node_vars.get(name)
+        if not isinstance(result, dict) or result.get("skipped") or result.get("unreachable") \
+                or result.get("rc", 0) != 0 or not result.get("stdout"):
+            continue
+        if name != "plan_ready":
+            return str(result["stdout"])
+        try:
+            said = json.loads(result["stdout"])
+        except ValueError:
+            continue
+        if isinstance(said, dict) and said.get("home"):
+            return str(said["home"])
+    return ""
+
+
 def run_hosts(nodes: list[str], hostvars, scheduler: str, slurm_nodes) -> list[str]:
     """The nodes a run trains on: all, or under Slurm with slurm_nodes N > 0 those whose ddplab_node_rank
     is below N (the others stay free for other jobs)."""
@@ -31,4 +57,5 @@ def run_hosts(nodes: list[str], hostvars, scheduler: str, slurm_nodes) -> list[s
 
 class FilterModule:
     def filters(self):
-        return {"lab_addrs": lab_addrs, "home_path": home_path, "run_hosts": run_hosts}
+        return {"lab_addrs": lab_addrs, "home_path": home_path, "known_home": known_home,
+                "run_hosts": run_hosts}
