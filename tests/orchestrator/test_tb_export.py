@@ -73,3 +73,34 @@ def test_old_metrics_without_tokens_seen_count_tokens_from_the_steps():
     rows[2]["val_loss"] = 2.0
     got = tb_export.scalars([{"rank": 0, "rows": rows}])
     assert got["run"]["val/loss_vs_tokens"] == [(192, 2.0)]
+
+
+def test_records_are_framed_as_tensorboards_writer_frames_them(tmp_path):
+    """tb_export frames each record itself (tensorboard's writer module imports tensorboard.summary): the
+    same bytes as tensorboard's RecordWriter, CRC-32C of the empty, short and multi-byte inputs alike."""
+    import io
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    datas = [b"", b"a", bytes(range(256)) * 3, "brain.Event:2 \u00e9".encode()]
+    for data in datas:
+        assert tb_export.masked_crc32c(data) == masked_crc32c(data), data
+        theirs = io.BytesIO()
+        RecordWriter(theirs).write(data)
+        assert tb_export.record(data) == theirs.getvalue(), data
+
+
+def test_the_report_does_not_import_tensorboards_writer(tmp_path):
+    """The event files come from tensorboard's protos alone: `tensorboard.summary` (with its TensorFlow stub,
+    0.25-0.3 s of a report on a loaded control host) is not imported."""
+    run = tmp_path / "run-light"
+    write_run(run)
+    probe = (f"import sys; from ddplab import report; report.write_report({str(run)!r}); "
+             "print(sorted(m for m in sys.modules if m.startswith(('tensorboard.summary', "
+             "'tensorboard.compat.tensorflow_stub'))))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, text=True, capture_output=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    assert read(run / "tb" / "rank0", "train/loss") == [(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.0)]
