@@ -22,6 +22,7 @@ from pathlib import Path
 
 from simlan import cpuquota, network
 from simlan.errors import SimlanError
+from simlan.system import is_zombie
 
 FREEZE_TIMEOUT = 10.0  # seconds for the kernel to stop every task (a task in an uninterruptible sleep waits)
 
@@ -80,14 +81,16 @@ def _move(path: Path, pids: list[int]) -> None:
 def freeze(host: str, processes: Callable[[], list[int]], timeout: float = FREEZE_TIMEOUT) -> str:
     """Freeze every process `processes()` lists (the host's PID namespace); returns the cgroup's path.
     A process forked while the others are moved is born in its parent's group (the moved one, or the old
-    one, which the next round catches): the rounds end when every process of the host is in the group."""
+    one, which the next round catches): the rounds end when every process of the host is in the group.
+    A zombie is left out: it runs nothing, no cgroup lists it, and a frozen parent never reaps it (a child
+    that exited just after its parent was moved waited there until the timeout)."""
     kind, root = backend()
     path = root / f"simlan{network.LAB}" / host
     path.mkdir(parents=True, exist_ok=True)
     _set(kind, path, True)
     deadline = time.monotonic() + timeout
     while True:
-        outside = [p for p in processes() if p not in _members(path)]
+        outside = [p for p in processes() if p not in _members(path) and not is_zombie(p)]
         if not outside and _frozen(kind, path):
             return str(path)
         if time.monotonic() > deadline:

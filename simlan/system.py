@@ -105,6 +105,12 @@ def is_alive(pid: int | None, started: int | None) -> bool:
     return bool(fields) and fields[0] != "Z" and int(fields[19]) == started
 
 
+def is_zombie(pid: int) -> bool:
+    """True when PID has exited and waits for its parent to reap it (state Z)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] == "Z"
+
+
 def children(pid: int) -> list[int]:
     """Direct children of a process (all its threads)."""
     kids: list[int] = []

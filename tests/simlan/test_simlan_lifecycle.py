@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -130,16 +131,31 @@ def _ticks(cluster, host) -> list[float]:
     return [float(x) for x in cluster.exec(host, ["cat", "/tmp/ticks"], timeout=30).stdout.split()]
 
 
+# A parent that never reaps its child: the child stays a zombie, as one does whose parent was frozen first.
+ZOMBIE = "import os, time\nif os.fork() == 0:\n    os._exit(0)\ntime.sleep(600)"
+
+
+def _until(cluster, host, script: str, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while cluster.exec(host, ["sh", "-c", script], timeout=30).returncode != 0:
+        assert time.monotonic() < deadline, f"{host}: no {what} after {timeout:g} s"
+        time.sleep(0.1)
+
+
 def test_freeze_stops_every_process_of_a_host_until_thaw_and_down_removes_it(simlan2, simlan_cluster,
                                                                             simlan_cli):
     """A lid that closes: a ticking process inside node1 stops, node1's sshd accepts TCP but says nothing,
-    node0 runs on; after the thaw it ticks again. `down` with a host frozen ends it and removes its cgroup."""
+    node0 runs on; after the thaw it ticks again. A zombie (no cgroup lists one) does not hold the freeze up.
+    `down` with a host frozen ends it and removes its cgroup."""
     try:
         tick = "while :; do date +%s.%N >> /tmp/ticks; sleep 0.1; done"
-        simlan2.exec("node1", ["bash", "-c", f"setsid bash -c '{tick}' >/dev/null 2>&1 </dev/null &"],
-                     timeout=30, check=True)
-        time.sleep(0.5)
-        assert simlan_cli("freeze", "node1").returncode == 0
+        for program in (f"bash -c '{tick}'", f"{sys.executable} -c {shlex.quote(ZOMBIE)}"):
+            simlan2.exec("node1", ["bash", "-c", f"setsid {program} >/dev/null 2>&1 </dev/null &"],
+                         timeout=30, check=True)
+        _until(simlan2, "node1", "test -s /tmp/ticks && ps -eo stat=,comm= | grep -q '^Z.*python'",
+               "ticks and zombie")
+        freeze = simlan_cli("freeze", "node1")
+        assert freeze.returncode == 0, freeze.stdout + freeze.stderr
         group = simlan.load().host("node1").freezer
         before = _ticks(simlan2, "node1")  # exec joins from outside: it runs, the frozen ones do not
         time.sleep(1.5)
