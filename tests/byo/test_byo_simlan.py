@@ -66,7 +66,8 @@ def node_python(cluster, host):
 
 def torch_version(cluster, host, python):
     code = "import torch; print(torch.__version__.split('+')[0])"
-    return cluster.exec(host, [python, "-c", code], timeout=120, check=True).stdout.strip()
+    # -I: not from the login folder (test_two_ranks_per_node_make_world_size_four plants a torch.py there)
+    return cluster.exec(host, [python, "-I", "-c", code], timeout=120, check=True).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -274,8 +275,11 @@ def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_
     """Also: the requirements travel in the wheelhouse. six is in no Python of the nodes and they have no
     route to a package index, so the install can only come from the pushed wheels: the manifest's six
     1.17.0 by its sha256, not a newer six planted in the node's wheelhouse (the old --find-links install
-    took it: `six>=1.16` allows it)."""
+    took it: `six>=1.16` allows it). A torch.py in node1's login folder (a user's script) is not what the
+    code venv's torch check imports (the old inline `python -c "import torch"` ran from there and failed)."""
     try:
+        stray = "echo 'raise ImportError(\"a stray torch.py in the login folder\")' > /root/torch.py"
+        simlan2.exec("node1", ["sh", "-c", stray], timeout=30, check=True)
         code = tmp_path / "code"
         shutil.copytree(FIXTURES / "rank_probe", code)
         with (code / "requirements.txt").open("a") as f:

@@ -110,3 +110,21 @@ def test_torch_candidates_stamp_skips_the_import_until_a_package_changes(tmp_pat
     assert probe() == {"python": sys.executable, "torch": "9.9.8", "checked": "import"}
     (fakes / "numpy" / "__init__.py").write_text("raise ImportError('damaged')\n")  # no longer imports
     assert probe()["torch"] is None
+
+
+def test_torch_candidates_torch_only_asks_for_torch_alone(tmp_path):
+    """--torch-only (roles/torch_env's check of a user's code venv): a Python with the pinned torch whose
+    pyarrow does not import counts; the default check, the built-in trainer's, does not take it. Stand-ins on
+    PYTHONPATH, as above."""
+    fakes = tmp_path / "site"
+    for name, text in (("torch", "__version__ = '9.9.9+cpu'\n"), ("pyarrow", "raise ImportError('none')\n")):
+        (fakes / name).mkdir(parents=True)
+        (fakes / name / "__init__.py").write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(fakes)}
+
+    def probe(*flags):
+        argv = [sys.executable, str(REPO / "nodeprobe" / "torch_candidates.py"), *flags, sys.executable]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=True)
+        return json.loads(out.stdout)["candidates"][0]["torch"]
+
+    assert (probe(), probe("--torch-only")) == (None, "9.9.9")
