@@ -275,11 +275,14 @@ def test_two_ranks_per_node_make_world_size_four(simlan2, lab, tmp_path, simlan_
     """Also: the requirements travel in the wheelhouse. six is in no Python of the nodes and they have no
     route to a package index, so the install can only come from the pushed wheels: the manifest's six
     1.17.0 by its sha256, not a newer six planted in the node's wheelhouse (the old --find-links install
-    took it: `six>=1.16` allows it). A torch.py in node1's login folder (a user's script) is not what the
-    code venv's torch check imports (the old inline `python -c "import torch"` ran from there and failed)."""
+    took it: `six>=1.16` allows it). A torch.py and a tokenize.py in node1's login folder (a user's scripts)
+    stand in for nothing: the old code venv's torch check (an inline `python -c "import torch"`) and the old
+    `python -m venv` that made it ran from there and failed."""
     try:
-        stray = "echo 'raise ImportError(\"a stray torch.py in the login folder\")' > /root/torch.py"
-        simlan2.exec("node1", ["sh", "-c", stray], timeout=30, check=True)
+        for stray in ("torch", "tokenize"):
+            planted = f"raise ImportError('a stray {stray}.py in the login folder')\n"
+            simlan2.exec("node1", ["sh", "-c", f"cat > /root/{stray}.py"], input=planted, timeout=30,
+                         check=True)
         code = tmp_path / "code"
         shutil.copytree(FIXTURES / "rank_probe", code)
         with (code / "requirements.txt").open("a") as f:

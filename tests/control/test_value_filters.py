@@ -91,11 +91,13 @@ def test_wheels_to_push_are_those_missing_or_different_on_the_node():
 
 def test_pip_install_offline_by_hashes_or_from_the_index_given():
     assert pip_wheels.pip_install("/v/bin/python", "/l/constraints.txt", wheelhouse="/l/wheels") == [
-        "/v/bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--find-links",
-        "/l/wheels", "--require-hashes", "-r", "/dev/stdin", "-c", "/l/constraints.txt"]
+        "/v/bin/python", "-I", "-m", "pip", "install", "--disable-pip-version-check", "--no-index",
+        "--find-links", "/l/wheels", "--require-hashes", "-r", "/dev/stdin", "-c", "/l/constraints.txt"]
     assert pip_wheels.pip_install("py", "c.txt", requirements="r.txt", index_url="", find_links="/w",
-                                  extra_index_url="https://x")[5:] == [
+                                  extra_index_url="https://x")[6:] == [
         "-r", "r.txt", "-c", "c.txt", "--find-links", "/w", "--extra-index-url", "https://x"]
+    assert pip_wheels.pip_install("py", "", wheelhouse="/w")[-2:] == ["-r", "/dev/stdin"]  # no constraints
+    assert pip_wheels.venv_create("py", "/v") == ["py", "-I", "-m", "venv", "--without-pip", "/v"]
 
 
 slurm_answers = load("roles/slurm/filter_plugins/slurm_answers.py")

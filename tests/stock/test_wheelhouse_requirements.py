@@ -4,6 +4,7 @@ what they were downloaded for, which wheels a node takes, a changed file noticed
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import subprocess
@@ -125,6 +126,43 @@ def test_a_planted_newer_wheel_in_the_nodes_wheelhouse_is_not_installed(tmp_path
 
     assert installed(tmp_path / "old", "-r", str(req)) == "9.9"  # the old command: the planted wheel wins
     assert installed(tmp_path / "new", "--require-hashes", "-r", "/dev/stdin", stdin=sel["hashed"]) == "1.0"
+
+
+@pytest.mark.slow  # two venvs (one with pip) and a real pip install (~10 s)
+def test_the_nodes_venv_and_pip_do_not_import_the_folder_they_run_from(tmp_path):
+    """roles/torch_env makes venvs and runs pip from the login folder (or the requirements' folder): a
+    tokenize.py there (a user's module) must not stand in for the standard library's. The old argv
+    (`python -m venv`; `python -m pip` in a venv with setuptools' distutils .pth, as Python 3.11's lab venv)
+    imported it and stopped; pip_wheels' argv (`python -I -m`) does not."""
+    path = REPO / "roles" / "torch_env" / "filter_plugins" / "pip_wheels.py"
+    spec = importlib.util.spec_from_file_location("pip_wheels", path)
+    pip_wheels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pip_wheels)
+    login = tmp_path / "login"
+    login.mkdir()
+    (login / "tokenize.py").write_text("raise ImportError('a tokenize.py in the login folder')\n")
+
+    def run(argv, stdin=""):
+        return subprocess.run(argv, input=stdin, cwd=login, capture_output=True, text=True, timeout=300)
+
+    old = run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "old")])
+    assert old.returncode != 0 and "a tokenize.py in the login folder" in old.stderr, old.stderr
+    lab = tmp_path / "venv"  # venv.yml's lab venv: pip (and on 3.11 setuptools) of its own
+    made = run(pip_wheels.venv_create(sys.executable, str(lab), with_pip=True))
+    assert made.returncode == 0, made.stderr
+    python = str(lab / "bin" / "python")
+    if list(lab.glob("lib/python3*/site-packages/distutils-precedence.pth")):
+        old_pip = run([python, "-m", "pip", "--version"])
+        assert old_pip.returncode != 0 and "a tokenize.py in the login folder" in old_pip.stderr, \
+            old_pip.stderr
+    wheels = tmp_path / "wheelhouse"
+    wheels.mkdir()
+    good = pure_wheel(wheels, "ddplab-plant-probe", "1.0")
+    pip = run(pip_wheels.pip_install(python, "", wheelhouse=str(wheels)),
+              f"ddplab-plant-probe==1.0 --hash=sha256:{wh.sha256(good)}\n")
+    assert pip.returncode == 0, pip.stderr
+    probe = run([python, "-I", "-c", "import ddplab_plant_probe as p; print(p.VERSION)"])
+    assert probe.stdout.strip() == "1.0", probe.stderr
 
 
 def test_the_manifest_keeps_other_pythons_only_for_the_same_file(tmp_path):
