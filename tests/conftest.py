@@ -20,7 +20,8 @@ such as sshd is missing, naming what is missing)::
   recreated otherwise (about 0.5 s for 2 hosts).
   ``fresh=True`` always recreates. A test that leaves a host changed (ufw enabled, host killed,
   files written into the lab folder) calls ``simlan_cluster.discard()`` at its end, so the next
-  test gets clean hosts.
+  test gets clean hosts. At the end of each test file the hosts are also taken down when its tests
+  left them changed (tests/helpers/leftovers.py), so no file takes another file's leftovers.
 - At the first use in a session, a leftover cluster from an earlier run is taken down, unless the
   pytest process that made it is still running (then this session waits for it, up to 5 min).
   At the end of the session the cluster is taken down.
@@ -44,6 +45,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import leftovers
 from tests.helpers.inventories import require_clean_inventory
 from tests.helpers.workers import SHARED_CLUSTER, file_of, shared_cluster_scheduling, use_own_simlan_lab
 
@@ -72,12 +74,14 @@ class SimlanFactory:
     def __init__(self) -> None:
         self.cluster: simlan.Cluster | None = None
         self._checked_leftover = False
+        self._asked = False  # a test asked for hosts since the last discard_if_changed
 
     def __call__(self, nodes: int = 2, *, rate: str | None = None, cpus: str = "none",
                  fresh: bool = False, mem_limit: tuple[str, ...] = ()) -> simlan.Cluster:
         reason = simlan_skip_reason()
         if reason:
             pytest.skip(reason)
+        self._asked = True
         if not self._checked_leftover:
             self._remove_leftover()
             self._checked_leftover = True
@@ -91,6 +95,24 @@ class SimlanFactory:
             self.cluster = simlan.up(nodes, rate=rate, cpus=cpus, force=True, mem_limit=mem_limit)
         require_clean_inventory(self.cluster.inventory_dir)
         return self.cluster
+
+    def discard_if_changed(self) -> None:
+        """At the end of a test file: take its hosts down when its tests left them changed (tests/helpers/
+        leftovers.py) or broken; the next file gets the hosts only as `simlan up` made them. Files that asked
+        for no hosts are not checked (about 65 ms for 2 hosts)."""
+        asked, self._asked = self._asked, False
+        if not asked:
+            return
+        current = simlan.load()
+        if not (self.cluster is not None and current is not None and not current.stock
+                and (current.created_by, current.created_at) == (os.getpid(), self.cluster.created_at)):
+            return  # not this factory's hosts (none, stock hosts, another run's)
+        try:
+            changed = not current.healthy() or leftovers.changes(current)
+        except OSError:  # a host folder that cannot be read is not as `simlan up` made it either
+            changed = True
+        if changed:
+            self.discard()
 
     def discard(self) -> None:
         """Take the current cluster down (the next request gets fresh hosts)."""
@@ -121,11 +143,16 @@ class SimlanFactory:
             time.sleep(2)
 
 
+FACTORY: SimlanFactory | None = None  # the session's, for the end of each test file (pytest_runtest_teardown)
+
+
 @pytest.fixture(scope="session")
 def simlan_cluster():
-    factory = SimlanFactory()
+    global FACTORY
+    factory = FACTORY = SimlanFactory()
     yield factory
     factory.close()
+    FACTORY = None
 
 
 @pytest.fixture
@@ -170,9 +197,16 @@ FIRST = ("tests/resilience/test_elastic_simlan.py", "tests/trainer/test_elastic_
 BUILTIN_INTERN = sys.intern
 
 
-def pytest_runtest_teardown(item):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the test's fixtures are torn down: the interpreter's own sys.intern back, and, when the test
+    file ends, its simulated hosts taken down if its tests left them changed (a later file of this worker
+    would otherwise take them as they are)."""
+    yield
     if sys.intern is not BUILTIN_INTERN:
         sys.intern = BUILTIN_INTERN
+    if FACTORY is not None and nextitem is not None and file_of(nextitem.nodeid) != file_of(item.nodeid):
+        FACTORY.discard_if_changed()
 
 
 @pytest.hookimpl(optionalhook=True)
