@@ -107,8 +107,9 @@ def bench_hosts(n: int, rounds: int, steps: int, logs: Path) -> dict:
     try:
         playbook(inv, "launch.yml", *SAME_RUN, "-e", f"ddplab_trainer_steps={steps}",
                  log=logs / f"h{n}-first.log")
-        launch, bare, prep, ratio, prep_changed, tasks = [], [], [], [], [], 0
+        launch, bare, prep, ratio, prep_changed, tasks, load = [], [], [], [], [], 0, []
         for i in range(rounds):
+            load.append(round(os.getloadavg()[0], 1))  # the machine's 1-min load as the round starts
             t_launch, recap = playbook(inv, "launch.yml", *SAME_RUN, "-e", f"ddplab_trainer_steps={steps}",
                                        log=logs / f"h{n}-launch{i}.log")
             t_bare = bare_run(cluster, steps, f"bare-{n}-{i}-{int(time.time())}")
@@ -121,11 +122,11 @@ def bench_hosts(n: int, rounds: int, steps: int, logs: Path) -> dict:
             headers = recap.pop("TASK")[0]
             tasks = max(ok for ok, _ in recap.values())
             print(f"  {n} hosts round {i + 1}: launch {t_launch:.1f} s, bare {t_bare:.1f} s "
-                  f"(x{t_launch / t_bare:.2f}), no-change prepare {t_prep:.1f} s changed={prep_changed[-1]}",
-                  flush=True)
+                  f"(x{t_launch / t_bare:.2f}), no-change prepare {t_prep:.1f} s changed={prep_changed[-1]}, "
+                  f"load {load[-1]}", flush=True)
         return {"hosts": n, "steps": steps, "launch_s": spread(launch), "bare_s": spread(bare),
                 "ratio": spread(ratio), "prepare_nochange_s": spread(prep), "prepare_changed": prep_changed,
-                "launch_tasks_per_host_max": tasks, "launch_task_headers": headers}
+                "launch_tasks_per_host_max": tasks, "launch_task_headers": headers, "load_1min": load}
     finally:
         simlan.down()
 
