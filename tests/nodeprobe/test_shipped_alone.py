@@ -61,8 +61,9 @@ def test_roles_run_node_code_only_through_ddplab_node():
     texts = {p: p.read_text() for folder in ("roles", "playbooks") for p in (REPO / folder).rglob("*.yml")}
     own_way = [f"{p.relative_to(REPO)}: {line.strip()}"
                for p, text in texts.items() for line in text.splitlines()
-               if re.search(r"-m\W+nodeprobe|\W-I\W|ddplab_node_program", line)
+               if re.search(r"-m\W+nodeprobe|\W-I\W(?!-m (?:pip|venv)\b)|ddplab_node_program", line)
                and "ansible_playbook_python" not in line]  # the control host's own `nodeprobe connect`
+    # (`python -I -m pip` and `-I -m venv` are torch_env running Python's own tools, not node code)
     assert own_way == []
     # the interpreter node code runs with is chosen in ddplab/node_command.py; torch_env's candidates for the
     # venv's base Python are what it examines, not how node code runs
