@@ -84,6 +84,7 @@ def test_own_code_or_no_smoke_result_is_not_weighed():
 
 @pytest.mark.parametrize(("retrans", "dups", "sent", "share"),
                          [(156, 156, 12067, 0.0), (24, 0, 11851, 0.002025), (30, 10, 1000, 0.02),
-                          (0, 0, 0, None)])
-def test_loss_leaves_out_duplicates(retrans, dups, sent, share):
+                          (0, 0, 0, None), (1, 0, 12072, 0.0), (2, 0, 3140, 0.000637)])
+def test_loss_leaves_out_duplicates_and_a_single_lost_segment(retrans, dups, sent, share):
+    # (1, 0, 12072): a healthy wired link of a loaded CI machine, advised a cable before (one lost segment)
     assert lost_share(retrans, dups, sent) == share
