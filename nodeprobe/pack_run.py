@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import glob
-import hashlib
 import io
 import json
 import os
@@ -30,6 +29,8 @@ import subprocess
 import sys
 import tarfile
 import time
+
+from nodeprobe.hashing import sha256_file
 
 
 def plain_inside(path: str, folder: str) -> bool:
@@ -100,14 +101,6 @@ def _add_text(tar: tarfile.TarFile, name: str, text: str, mode: int) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def pack(out: str, files: dict[str, str], pane: str) -> None:
     """The archive, 0600 from its first byte (it is removed once fetched, roles/logs)."""
     tmp = f"{out}.tmp"
@@ -140,7 +133,7 @@ def main(argv=None) -> int:
     if files:
         pack(a.out, files, capture_pane(a.socket, a.session))
     json.dump({"files": list(files), "archive": a.out if files else None,
-               "sha256": sha256(a.out) if files else None}, sys.stdout)
+               "sha256": sha256_file(a.out, use_cache=False) if files else None}, sys.stdout)
     print()
     return 0
 

@@ -26,7 +26,7 @@ import shlex
 
 from ansible.plugins.action import ActionBase
 
-from nodeprobe.pack_run import sha256  # the node's checksum, computed the same way
+from nodeprobe.hashing import sha256_file  # as nodeprobe/pack_run.py computes the node's checksum
 
 DOCUMENTATION = """
 name: ddplab_fetch
@@ -60,7 +60,7 @@ class ActionModule(ActionBase):
         src = self._remote_expand_user(src)
         if expected and not self._connection.become:
             self._connection.fetch_file(src, dest)
-            got = sha256(dest)
+            got = sha256_file(dest, use_cache=False)
             if got != expected:
                 with contextlib.suppress(OSError):
                     os.unlink(dest)
@@ -71,7 +71,7 @@ class ActionModule(ActionBase):
             fetched = self._builtin_fetch(src, dest, task_vars or {})
             if fetched.get("failed"):
                 return {**result, **fetched}
-            got = sha256(dest)
+            got = sha256_file(dest, use_cache=False)
         if args["remove"]:
             res = self._low_level_execute_command(shlex.join(["rm", "-f", "--", src]))
             if res["rc"] != 0:
