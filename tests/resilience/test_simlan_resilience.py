@@ -22,8 +22,11 @@ from tests.helpers.trainer_runs import complete_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
-STEPS, CKPT_EVERY = 200, 10
-TRAIN = ["--ckpt-every", str(CKPT_EVERY), "--seq-len", "32", "--batch-size", "4", "--log-every", "10"]
+# A fault must land mid-run: the test sees a step in a rank's metrics, then acts (~0.1-3 s later under CI
+# load). Steps of ~14 ms (seq 128 x batch 8) and runs of hundreds of them leave that much run after the
+# step seen; at seq 32 x batch 4 (~5 ms) a 300-step run ended before its freeze in CI.
+STEPS, CKPT_EVERY = 400, 10
+TRAIN = ["--ckpt-every", str(CKPT_EVERY), "--seq-len", "128", "--batch-size", "8", "--log-every", "10"]
 COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 40, "ddplab_trainer_depth": 1}
 TRAIN_ARGS = ("-e", json.dumps({"ddplab_trainer_extra_args": TRAIN}))  # a list needs -e JSON
 VERDICT_LIMIT_S = 60
@@ -127,9 +130,10 @@ def killed_run(prepared, lab):
     """Run res-kill with node1's worker SIGKILLed after step 32: what its peer and status then said."""
     simlan2, run = prepared, "res-kill"
     start(simlan2, lab, run, STEPS)
-    wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 3 * CKPT_EVERY + 2, 180, "step 32 on node1")
-    pid = worker_pid(simlan2, "node1", run)
-    assert pid, rank_procs(simlan2, "node1", run)
+    pid = wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 1 and worker_pid(simlan2, "node1", run),
+                   180, "node1's worker to train")
+    wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 3 * CKPT_EVERY + 2, 180, "step 32 on node1",
+             every=0.1)
     simlan2.exec("node1", ["kill", "-KILL", str(pid)], timeout=30, check=True)
     t_fault = time.monotonic()
     wait_for(lambda: run_file(simlan2, "node0", run, "exit_code"), 120, "node0's rank to exit", every=0.25)
@@ -259,14 +263,16 @@ def max_step_ms(cluster, host, run_id, rank):
 
 
 def test_a_lid_closed_for_less_than_the_collective_timeout_and_the_run_finishes(prepared, lab):
-    simlan2, run, steps = prepared, "res-lid-short", 300
+    simlan2, run, steps = prepared, "res-lid-short", 1000
     start(simlan2, lab, run, steps, ddplab_pg_timeout=LID_PG_TIMEOUT)
-    wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 5, 180, "the run to train")
+    wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 5, 180, "the run to train", every=0.1)
     try:
         simlan2.freeze_host("node1")
         time.sleep(SHORT_LID_S)
+        at_thaw = last_step(simlan2, "node0", run, 0)
     finally:
         simlan2.thaw_host("node1")
+    assert at_thaw < steps, f"the run ended before the freeze (node0 at step {at_thaw}): make it longer"
     for host in ("node0", "node1"):
         wait_for(lambda h=host: run_file(simlan2, h, run, "exit_code"), 180, f"{host}'s rank to finish")
         code = run_file(simlan2, host, run, "exit_code").strip()
