@@ -24,7 +24,6 @@ compiled itself is never replaced. Folders 0700, files 0600.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import platform
@@ -33,6 +32,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+from nodeprobe.hashing import sha256_file
 from nodeprobe.spec import SpecError, read_spec
 
 SEED = "seed.tar"
@@ -64,14 +64,6 @@ def fingerprint() -> dict:
         pass
     return {"torch": torch, "python": "{}.{}".format(*sys.version_info[:2]), "machine": platform.machine(),
             "libc": " ".join(platform.libc_ver()).strip(), "cpu_flags": flags}
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def whole_library(path: Path) -> bool:
@@ -125,8 +117,8 @@ def pack(spec: dict) -> dict:
             info.size, info.mode, info.mtime = len(data), 0o600, 0
             tar.addfile(info, io.BytesIO(data))
     os.replace(tmp, seed)
-    return {"files": len(files), "seed": str(seed), "bytes": seed.stat().st_size, "sha256": sha256(seed),
-            "fingerprint": fingerprint()}
+    return {"files": len(files), "seed": str(seed), "bytes": seed.stat().st_size,
+            "sha256": sha256_file(seed, use_cache=False), "fingerprint": fingerprint()}
 
 
 def members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
@@ -171,7 +163,7 @@ def unpack(spec: dict) -> dict:
     seed = cache / SEED
     if not seed.is_file() or seed.is_symlink():
         raise SeedRefused(f"{seed} is missing")
-    digest = sha256(seed)
+    digest = sha256_file(seed, use_cache=False)  # the bytes read now, never a cached stamp
     if digest != spec["sha256"]:
         raise SeedRefused(f"{seed} has sha256 {digest}, not the master's {spec['sha256']}; nothing was "
                           "unpacked")
