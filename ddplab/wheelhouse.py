@@ -25,7 +25,6 @@ wheels (only what the node lacks) and installs them offline from that text (`--n
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -48,6 +47,7 @@ from ddplab.wheel_download import (
     linux_platforms,
     python_tag,
 )
+from nodeprobe.hashing import sha256_file
 
 MANIFEST = "manifest.json"
 DEFAULT_TORCH = BY_NAME["ddplab_torch_version"].default
@@ -137,7 +137,7 @@ def select_requirements(manifest: dict, requirements: Path, python: str, machine
     record = manifest.get("requirements")
     if not record:
         return {**out, "warning": f"the wheelhouse has no wheels of {requirements} {index}"}
-    if sha256(requirements) != record["sha256"]:
+    if sha256_file(requirements, use_cache=False) != record["sha256"]:
         return {**out, "warning": f"{requirements} changed since make wheelhouse downloaded its wheels (for "
                                   f"{record['file']}, sha256 {record['sha256'][:12]}) {index}"}
     names = record["wheels"].get(target(python, machine))
@@ -168,14 +168,6 @@ def node_installed(text: str) -> set[tuple[str, str]]:
     return out
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def merged_requirements(old: dict | None, new: dict | None) -> dict | None:
     """The requirements record after a fill: the new downloads, plus the old ones for other Pythons when they
     were made for the same file content and torch."""
@@ -198,7 +190,7 @@ def write_manifest(folder: Path, torch: str, torch_wheels: dict[str, list[str]] 
     for p in sorted(folder.glob("*.whl")):
         size = p.stat().st_size
         prior = known.get(p.name)
-        digest = prior["sha256"] if prior and prior["size"] == size else sha256(p)
+        digest = prior["sha256"] if prior and prior["size"] == size else sha256_file(p, use_cache=False)
         files.append({"file": p.name, "size": size, "sha256": digest})
     manifest: dict = {"torch": torch, "files": files}
     if torch_wheels is not None:
@@ -327,8 +319,8 @@ def fill(args: argparse.Namespace) -> int:
         if requirements:
             req_wheels[target(python, machine)] = download_requirements(
                 folder, requirements, python, machine, glibc, args.torch, args.torch_index)
-    record = ({"file": str(requirements), "sha256": sha256(requirements), "torch": args.torch,
-               "wheels": req_wheels} if requirements else None)
+    record = ({"file": str(requirements), "sha256": sha256_file(requirements, use_cache=False),
+               "torch": args.torch, "wheels": req_wheels} if requirements else None)
     manifest = write_manifest(folder, args.torch, torch_wheels, record)
     total = sum(f["size"] for f in manifest["files"])
     print(f"ddplab: wheelhouse: {folder}: {len(manifest['files'])} wheels, {total / 1e6:.0f} MB, for "

@@ -16,6 +16,7 @@ import pytest
 
 from ddplab import wheelhouse as wh
 from ddplab.wheel_download import WheelhouseError, download_requirements
+from nodeprobe.hashing import sha256_file
 from tests.helpers.wheels import pure_wheel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ def filled(tmp_path: Path, text: str = "six\nnumpy\n") -> tuple[Path, dict]:
     req = tmp_path / "requirements.txt"
     req.write_text(text)
     files = [{"file": f, "size": 100 + i, "sha256": "0" * 64} for i, f in enumerate((SIX, NUMPY, NUMPY_312))]
-    record = {"file": str(req), "sha256": wh.sha256(req), "torch": "2.13.0",
+    record = {"file": str(req), "sha256": sha256_file(req), "torch": "2.13.0",
               "wheels": {"3.11 x86_64": [SIX, NUMPY]}}
     return req, {"torch": "2.13.0", "files": files, "requirements": record}
 
@@ -108,7 +109,7 @@ def test_a_planted_newer_wheel_in_the_nodes_wheelhouse_is_not_installed(tmp_path
     good = pure_wheel(folder, "ddplab-plant-probe", "1.0")
     req = tmp_path / "requirements.txt"
     req.write_text("ddplab-plant-probe>=1.0\n")
-    record = {"file": str(req), "sha256": wh.sha256(req), "torch": "2.13.0",
+    record = {"file": str(req), "sha256": sha256_file(req), "torch": "2.13.0",
               "wheels": {"3.11 x86_64": [good.name]}}
     manifest = wh.write_manifest(folder, "2.13.0", {}, record)
     pure_wheel(folder, "ddplab-plant-probe", "9.9", "PLANTED = True\n")  # after the fill: stale or planted
@@ -159,7 +160,7 @@ def test_the_nodes_venv_and_pip_do_not_import_the_folder_they_run_from(tmp_path)
     wheels.mkdir()
     good = pure_wheel(wheels, "ddplab-plant-probe", "1.0")
     pip = run(pip_wheels.pip_install(python, "", wheelhouse=str(wheels)),
-              f"ddplab-plant-probe==1.0 --hash=sha256:{wh.sha256(good)}\n")
+              f"ddplab-plant-probe==1.0 --hash=sha256:{sha256_file(good)}\n")
     assert pip.returncode == 0, pip.stderr
     probe = run([python, "-I", "-c", "import ddplab_plant_probe as p; print(p.VERSION)"])
     assert probe.stdout.strip() == "1.0", probe.stderr
