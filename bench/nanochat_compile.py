@@ -1,9 +1,9 @@
 """nanochat d4 (the vendored commit, docs/your-code.md's section) on 2 simulated hosts: `ddplab tune` with
 the docs' eager line and without it (torch.compile on), into bench/results/tune_nanochat_simlan/.
 
-The checkout is prepared as tests/byo/test_nanochat_simlan.py prepares it (its helpers: the wheelhouse, the
-control venv, the tokenizer, the gloo patch); hosts pinned one core each (--cpus auto). Each mode's
-tune runs `all` through launch.yml (the smoke run on the master first: with compilation on it warms the
+The checkout is prepared as tests/byo/test_nanochat_simlan.py prepares it (bench/nanochat_checkout.py: the
+wheelhouse, the control venv, the tokenizer, the gloo patch); hosts pinned one core each (--cpus auto). Each
+mode's tune runs `all` through launch.yml (the smoke run on the master first: with compilation on it warms the
 compile cache that launch ships to node1), then 1x1 and 1x2 on the master (they reuse the smoke run's
 caches). Run as root: `python bench/nanochat_compile.py [--seconds 90] [--rounds 1]`. Each mode's tune
 (its logs and run folders) stays in the bench's own folder under --work-in; bench/results/ gets
@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,9 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import nanochat_checkout as nc  # noqa: E402
 from nodeprobe import log_metrics  # noqa: E402
 from simlan import cluster as simlan  # noqa: E402
-from tests.byo import test_nanochat_simlan as nc  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "tune_nanochat_simlan"
 EAGER_LINE = re.compile(r"^  TORCH_COMPILE_OVERRIDE_BACKENDS: .*\n", re.M)  # the docs' eager line
@@ -37,14 +36,9 @@ EAGER_LINE = re.compile(r"^  TORCH_COMPILE_OVERRIDE_BACKENDS: .*\n", re.M)  # th
 
 def checkout(root: Path, cluster) -> tuple[Path, Path, Path]:
     code = nc.user_clone(root)
-    inventory = root / "mylab"
-    (inventory / "group_vars" / "all").mkdir(parents=True)
-    shutil.copy(cluster.inventory_dir / "hosts.yml", inventory / "hosts.yml")
-    shutil.copy(cluster.inventory_dir / "group_vars" / "all" / "simlan.yml", inventory / "group_vars" / "all")
+    inventory = nc.user_inventory(root, cluster, code)
     wheelhouse = root / "wheelhouse"
-    (inventory / "group_vars" / "all" / "code.yml").write_text(
-        nc.readme_yaml().replace(nc.CODE_DIR_LINE, f"ddplab_code_dir: {code}"))
-    nc.fill_wheelhouse(wheelhouse, inventory)
+    nc.fill_wheelhouse(wheelhouse, "-i", str(inventory))
     bin_dir = nc.control_venv(root / "venv", wheelhouse, code / nc.REQUIREMENTS[1])
     nc.shell(nc.TOK_TRAIN, code, path_first=bin_dir)
     nc.shell(nc.EXCLUDE, code)
@@ -54,7 +48,7 @@ def checkout(root: Path, cluster) -> tuple[Path, Path, Path]:
 
 
 def code_yml(inventory: Path, code: Path, compiled: bool, wheelhouse: Path) -> None:
-    text = nc.readme_yaml().replace(nc.CODE_DIR_LINE, f"ddplab_code_dir: {code}")
+    text = nc.docs_code_yml(code)
     if compiled:
         text, found = EAGER_LINE.subn("", text)
         assert found == 1, "the docs' eager line moved: update bench/nanochat_compile.py"

@@ -39,16 +39,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import nanochat_checkout as nc  # noqa: E402  (the docs' commands and the fixture)
 from ddplab.launch_render import render_launch  # noqa: E402
-from tests.byo import test_nanochat_simlan as nc  # noqa: E402  (the docs' commands and the fixture)
 
 OUT = REPO / "bench" / "results" / "nanochat_compile_race"
 ARMS = ("own", "shared")
-# nanochat's smallest run that compiles what d4 compiles: 2 ranks x 64 tokens a step, 3 steps, no evaluation
-# during training, no sampling or CORE metric; the checkpoint lands under the attempt's own tag
-SMALLEST = ["--device-type=cpu", "--depth=1", "--max-seq-len=64", "--window-pattern=L",
-            "--device-batch-size=1", "--total-batch-size=128", "--num-iterations=3", "--eval-every=-1",
-            "--eval-tokens=128", "--core-metric-every=-1", "--sample-every=-1"]
+# nanochat's smallest run that compiles what d4 compiles, 3 steps (the checkpoint under the attempt's tag)
+SMALLEST = nc.smallest_args(3)
 PLACED = {"launch.sh": "launch.sh", "trainer.env": "trainer.env", "rank_python.sh": "rank_python"}
 ERROR = re.compile(r"^.*(Error|error:|Traceback|file too short).*$", re.M)
 
@@ -58,13 +55,8 @@ def prepare(root: Path) -> tuple[Path, Path]:
     code = nc.user_clone(root)
     requirements = code / nc.REQUIREMENTS[1]
     wheelhouse = root / "wheelhouse"
-    wheelhouse.mkdir()
-    for wheel in nc.SHARED_WHEELHOUSE.glob("*.whl"):
-        os.link(wheel, wheelhouse / wheel.name)
-    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    subprocess.run([sys.executable, "-m", "ddplab.wheelhouse", "fill", "--dir", str(wheelhouse), "--python",
-                    python_version, "--requirements", str(requirements)],
-                   cwd=REPO, check=True, capture_output=True, timeout=600)
+    nc.fill_wheelhouse(wheelhouse, "--requirements", str(requirements),
+                       python=f"{sys.version_info.major}.{sys.version_info.minor}")  # its ranks run here
     bin_dir = nc.control_venv(root / "venv", wheelhouse, requirements)
     nc.shell(nc.TOK_TRAIN, code, path_first=bin_dir)
     nc.shell(nc.ddplab_path(nc.APPLY), code)

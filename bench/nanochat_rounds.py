@@ -39,10 +39,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from nanochat_compile import checkout, code_yml  # noqa: E402  (the docs' checkout and its two code.yml)
 
+from bench import nanochat_checkout as nc  # noqa: E402
 from ddplab import tune  # noqa: E402
 from nodeprobe import log_metrics  # noqa: E402
 from simlan import cluster as simlan  # noqa: E402
-from tests.byo import test_nanochat_simlan as nc  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "nanochat_compile_rounds"
 MODES = ("eager", "compiled")

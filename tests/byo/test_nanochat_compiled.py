@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from bench.nanochat_checkout import APPLY, ddplab_path, git, shell, smallest_args
 from tests.byo import test_nanochat_simlan as nc
 from tests.helpers.playbooks import playbook, tail
 
@@ -35,11 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.simlan,
 OVERRIDE_LINE = re.compile(r"^\s*TORCH_COMPILE_OVERRIDE_BACKENDS:.*\n", re.M)
 ARGS_LINE = re.compile(r"^ddplab_entrypoint_args: \[.*?\]\n", re.M | re.S)
 ITERATIONS = 4
-# bench/nanochat_compile_race.py's smallest run: the same torch.compile calls as the docs' d4, fewer and
-# smaller kernels; 2 ranks x 64 tokens a step, no evaluation, sampling or CORE metric
-SMALLEST = ["--device-type=cpu", "--depth=1", "--max-seq-len=64", "--window-pattern=L",
-            "--device-batch-size=1", "--total-batch-size=128", f"--num-iterations={ITERATIONS}",
-            "--eval-every=-1", "--eval-tokens=128", "--core-metric-every=-1", "--sample-every=-1"]
+SMALLEST = smallest_args(ITERATIONS)  # bench/nanochat_compile_race.py's smallest run
 CACHE = "/root/ddplab/compile-cache"  # the lab's compile cache on each node (ddplab_lab.compile_cache)
 RUN = "nanochat-compiled"
 LAUNCH_TIMEOUT = 2700  # a cold compile by 2 ranks sharing a loaded core
@@ -57,8 +54,8 @@ def node_files(cluster, host: str, pattern: str) -> list[str]:
 def compiled(checkout, lab):
     """The docs' section as typed, the gloo patch applied, without the eager line, in the smallest
     configuration: one launch.yml -e ddplab_wait=true with the smoke run on."""
-    nc.shell(nc.ddplab_path(nc.APPLY), checkout["code"])
-    nc.git(checkout["code"], "commit", "-qam", "gloo patch (ddplab)")
+    shell(ddplab_path(APPLY), checkout["code"])
+    git(checkout["code"], "commit", "-qam", "gloo patch (ddplab)")
     path = checkout["inventory"] / "group_vars" / "all" / "code.yml"
     text = path.read_text()
     assert len(OVERRIDE_LINE.findall(text)) == 1 and len(ARGS_LINE.findall(text)) == 1, text

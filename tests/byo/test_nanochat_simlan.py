@@ -1,5 +1,6 @@
 """docs/your-code.md's "nanochat from its checkout" (issue 28) end to end on 2 simulated hosts, as a reader
-types it.
+types it. bench/nanochat_checkout.py makes the commands, the clone and the inventory (the nanochat benches
+make theirs with it too); this test asserts each command is in the section.
 
 A user's clone of karpathy/nanochat (the vendored files of tests/byo/fixtures/nanochat, committed to git in
 a tmp folder), prepared with the README's commands in the checkout on the control host: the tokenizer with
@@ -21,11 +22,7 @@ progress lines. The test prints what it measured (the smoke run, the launch unti
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,14 +30,26 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.byo.fixtures.nanochat.make_data import write_base_data
+from bench.nanochat_checkout import (
+    APPLY,
+    DOWNLOAD,
+    EXCLUDE,
+    REQUIREMENTS,
+    TOK_TRAIN,
+    control_venv,
+    ddplab_path,
+    fill_wheelhouse,
+    git,
+    readme_section,
+    readme_yaml,
+    shell,
+    user_clone,
+    user_inventory,
+)
 from tests.helpers.playbooks import playbook, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURE = REPO / "tests" / "byo" / "fixtures" / "nanochat"
-SHARED_WHEELHOUSE = REPO / "wheelhouse"
 HOSTS = ("node0", "node1")
 USER = "/root/ddplab/code/user"
 RUNS = "/root/ddplab/runs"
@@ -49,14 +58,6 @@ RUNS = "/root/ddplab/runs"
 COMMON = {"ddplab_threads": 1, "ddplab_wait_poll": 10, "ddplab_rdzv_timeout": 30, "ddplab_smoke_seconds": 240}
 LAUNCH_TIMEOUT = 900
 
-# The README's commands for the checkout, as typed (each is asserted to be in the section); <ddplab> is
-# this repository.
-APPLY = "git apply <ddplab>/tests/byo/fixtures/nanochat/gloo.patch"
-DOWNLOAD = "NANOCHAT_BASE_DIR=base_dir python -m nanochat.dataset -n 2"  # stood in for by make_data.py
-TOK_TRAIN = "NANOCHAT_BASE_DIR=base_dir python -m scripts.tok_train"
-EXCLUDE = "echo base_dir/ >> .git/info/exclude"
-REQUIREMENTS = ("<ddplab>/tests/byo/fixtures/nanochat/requirements.txt", "requirements-ddplab.txt")
-CODE_DIR_LINE = "ddplab_code_dir: /home/me/src/nanochat"
 # what the master's launch.log shows, in this order: launch.sh started the rank, nanochat's first evaluation
 # (before any step), its first step
 MILESTONES = {"rank started": r"^ddplab: run ", "step 0 evaluated": r"^Step 0+ \| Validation bpb",
@@ -64,84 +65,10 @@ MILESTONES = {"rank started": r"^ddplab: run ", "step 0 evaluated": r"^Step 0+ \
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) \(", re.M)
 
 
-def readme_section() -> str:
-    """The section of the docs page the README links for your own code (docs/your-code.md)."""
-    text = (REPO / "docs" / "your-code.md").read_text()
-    return re.search(r"### nanochat from its checkout\n(.*?)(?:\n##|\Z)", text, re.S).group(1)
-
-
 def readme_inline_commands() -> set[str]:
     """The section's `code` spans, their line breaks read as the spaces they are."""
     prose = re.sub(r"```.*?```", "", readme_section(), flags=re.S)
     return {" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose)}
-
-
-def readme_yaml() -> str:
-    return re.search(r"```yaml\n(.*?)```", readme_section(), re.S).group(1)
-
-
-def ddplab_path(command: str) -> str:
-    return command.replace("<ddplab>", str(REPO))
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), "-c", "user.name=me", "-c", "user.email=me@example.org",
-                           *args], check=True, capture_output=True, text=True, timeout=60).stdout.strip()
-
-
-def shell(cmd: str, cwd: Path, path_first: Path | None = None, timeout: float = 300):
-    """A command line as the user types it in the checkout (bash), with a venv's bin first on PATH."""
-    env = dict(os.environ)
-    if path_first is not None:
-        env["PATH"] = f"{path_first}:{env['PATH']}"
-    proc = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
-    return proc
-
-
-def user_clone(root: Path) -> Path:
-    """root/nanochat: a user's clone of the vendored commit, its data and the requirements file the docs
-    copy in (the tests' and the nanochat benches' one checkout)."""
-    code = root / "nanochat"
-    code.mkdir(parents=True)
-    # nanochat's own files (the fixture's others are ddplab's)
-    shutil.copy2(FIXTURE / "LICENSE", code / "LICENSE")
-    for folder in ("nanochat", "scripts"):
-        shutil.copytree(FIXTURE / folder, code / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    git(code, "init", "-q")
-    git(code, "add", ".")
-    git(code, "commit", "-qm", "nanochat 92d63d4")
-    write_base_data(code / "base_dir")  # DOWNLOAD's stand-in: no route to nanochat's data host here
-    shutil.copy(ddplab_path(REQUIREMENTS[0]), code / REQUIREMENTS[1])  # the README's "copy ... to ..."
-    return code
-
-
-def fill_wheelhouse(folder: Path, inventory: Path) -> None:
-    """`make wheelhouse INV=<inventory>` into a folder of the test's own: the shared folder's wheels (torch)
-    hard-linked first, so only the requirements' wheels (~30 MB) are downloaded."""
-    folder.mkdir()
-    for wheel in SHARED_WHEELHOUSE.glob("*.whl"):
-        os.link(wheel, folder / wheel.name)
-    argv = [sys.executable, "-m", "ddplab.wheelhouse", "fill", "--dir", str(folder), "--python", "3.11",
-            "-i", str(inventory)]
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, tail(proc)
-
-
-def control_venv(folder: Path, wheelhouse: Path, requirements: Path) -> Path:
-    """The control host's interpreter for nanochat's tools: a venv on the dev venv's torch (a .pth, as
-    roles/torch_env lays the nodes' code venv on the pinned Python), the requirements installed offline."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
-    base = subprocess.run([sys.executable, "-c", "import site; print(site.getsitepackages()[0])"],
-                          check=True, capture_output=True, text=True, timeout=60).stdout
-    (next(folder.glob("lib/python3*/site-packages")) / "ddplab-base.pth").write_text(base)
-    pin = folder / "constraints.txt"
-    pin.write_text("torch==2.13.0\n")
-    subprocess.run([folder / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "--no-index", "--find-links", str(wheelhouse), "-r", str(requirements), "-c", str(pin)],
-                   check=True, capture_output=True, timeout=600)
-    return folder / "bin"
 
 
 class FirstLines:
@@ -186,17 +113,10 @@ def checkout(simlan_cluster, tmp_path_factory, lab):
     root = tmp_path_factory.mktemp("src")
     code = user_clone(root)
 
-    inventory = root / "mylab"
-    (inventory / "group_vars" / "all").mkdir(parents=True)
-    shutil.copy(cluster.inventory_dir / "hosts.yml", inventory / "hosts.yml")
-    shutil.copy(cluster.inventory_dir / "group_vars" / "all" / "simlan.yml", inventory / "group_vars" / "all")
-    block = readme_yaml()
-    assert block.count(CODE_DIR_LINE) == 1
-    (inventory / "group_vars" / "all" / "code.yml").write_text(
-        block.replace(CODE_DIR_LINE, f"ddplab_code_dir: {code}"))
+    inventory = user_inventory(root, cluster, code)  # asserts the block's ddplab_code_dir line is there once
 
     wheelhouse = root / "wheelhouse"
-    fill_wheelhouse(wheelhouse, inventory)
+    fill_wheelhouse(wheelhouse, "-i", str(inventory))
     bin_dir = control_venv(root / "venv", wheelhouse, code / REQUIREMENTS[1])
     tok = shell(TOK_TRAIN, code, path_first=bin_dir)
     assert "Saved tokenizer encoding to base_dir/tokenizer/tokenizer.pkl" in tok.stdout + tok.stderr
