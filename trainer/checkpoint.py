@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nodeprobe.hashing import sha256_file
 from trainer import dist as D
 from trainer.config import TrainConfig, UsageError
 from trainer.local_sgd import crossed
@@ -79,12 +80,6 @@ def save(out: str | Path, step: int, state: dict, keep: int = 3) -> Path:
     return save_bytes(out, step, buf.getbuffer(), keep)
 
 
-def sha256_of(path: Path) -> str:
-    """A file's sha256, read in pieces (not the whole checkpoint in memory beside the one just written)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def save_bytes(out: str | Path, step: int, data: bytes | memoryview, keep: int = 3) -> Path:
     """Write an already serialized checkpoint (--elastic: the copy a node received from a peer)."""
     d = ckpt_dir(out)
@@ -94,7 +89,8 @@ def save_bytes(out: str | Path, step: int, data: bytes | memoryview, keep: int =
     atomic_write(path, data)
     atomic_write(path.with_name(path.name + ".sha256"), (digest + "\n").encode())
     # Older checkpoints go only once this one reads back whole: a torn write never costs the last good one.
-    if sha256_of(path) != digest:
+    # read in pieces (not the whole checkpoint in memory beside the one just written), never from a cache
+    if sha256_file(path, use_cache=False) != digest:
         raise OSError(f"{path}: its sha256 differs after the write; the older checkpoints are kept")
     for _, old in list_checkpoints(out)[:-keep]:
         old.unlink(missing_ok=True)

@@ -17,7 +17,6 @@ shared-stream position (as --elastic's), valid at any world size.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -31,6 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from nodeprobe.hashing import sha256_file
 from trainer import checkpoint
 from trainer import dist as D
 from trainer.config import TrainConfig, UsageError
@@ -53,11 +53,6 @@ def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
     return sorted((int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)) and p.is_dir())
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def manifest_problem(path: Path) -> str | None:
     """Why the checkpoint folder `path` is not whole (None: every file matches its manifest)."""
     man = path / MANIFEST
@@ -66,13 +61,13 @@ def manifest_problem(path: Path) -> str | None:
     for line in man.read_text().splitlines():
         digest, name = line.split("  ", 1)
         f = path / name
-        if not f.is_file() or _sha256(f) != digest:
+        if not f.is_file() or sha256_file(f, use_cache=False) != digest:
             return f"{name} is missing or its sha256 differs (torn or corrupt)"
     return None
 
 
 def _write_manifest(folder: Path) -> None:
-    lines = [f"{_sha256(f)}  {f.name}"
+    lines = [f"{sha256_file(f, use_cache=False)}  {f.name}"
              for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST]
     checkpoint.atomic_write(folder / MANIFEST, ("\n".join(lines) + "\n").encode())
 
