@@ -59,6 +59,8 @@ def no_links_under(base: str, rel: str) -> bool:
 
 
 def sha256_fd(fd: int) -> str:
+    """The sha256 of the file held open (not nodeprobe.hashing.sha256_file, which opens a path: the name could
+    be swapped between the check and the hash; and a module shipped alone imports no other of ddplab's)."""
     h = hashlib.sha256()
     while chunk := os.read(fd, CHUNK):
         h.update(chunk)
