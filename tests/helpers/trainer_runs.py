@@ -28,13 +28,13 @@ def trainer(args, timeout=90, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def torchrun_cmd(args, nproc=2, nnodes=1, node_rank=0, port=None) -> list[str]:
+def torchrun_cmd(args, nproc=2, nnodes=1, node_rank=0, port=None, module="trainer") -> list[str]:
     if nnodes == 1:
         launch = ["--standalone", f"--nproc-per-node={nproc}"]
     else:
         launch = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
                   "--master-addr=127.0.0.1", f"--master-port={port}", "--rdzv-conf=timeout=60"]
-    return [sys.executable, "-m", "torch.distributed.run", *launch, "-m", "trainer", *map(str, args)]
+    return [sys.executable, "-m", "torch.distributed.run", *launch, "-m", module, *map(str, args)]
 
 
 def torchrun(args, nproc=2, timeout=120) -> subprocess.CompletedProcess:

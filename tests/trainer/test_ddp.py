@@ -11,14 +11,23 @@ import pytest
 import torch
 
 from tests.helpers.elastic_runs import descendants
-from tests.helpers.trainer_runs import REPO, TINY, env, free_port, read_jsonl, torchrun, torchrun_cmd
+from tests.helpers.trainer_runs import (
+    REPO,
+    TINY,
+    env,
+    free_port,
+    read_jsonl,
+    read_live_jsonl,
+    torchrun,
+    torchrun_cmd,
+)
 from trainer.agreement import param_sha256
 from trainer.data.shards import prepare
 from trainer.model import GPT, GPTConfig, param_count
 
 pytestmark = pytest.mark.slow
 
-STEPS = 40
+STEPS, KILL_AT, SLOW_S = 40, 23, 1.0
 ARGS = ["--steps", STEPS, *TINY, "--batch-size", "8", "--grad-accum", "2", "--ckpt-every", "10",
         "--check-every", "10", "--lr", "3e-3"]
 
@@ -97,14 +106,19 @@ def test_allreduce_bytes_per_step_equal_the_gradient_size(run_a):
 def test_kill_and_resume_reproduces_the_uninterrupted_losses(run_a, small_shards, tmp_path):
     ref, _ = run_a
     out = tmp_path / "out"
-    cmd = torchrun_cmd(["--data", small_shards, "--out", out, *ARGS])
-    p = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+    # The kill must land after step 23 and before step 30's checkpoint (else the torn step-20 one is not the
+    # newest): 7 steps, ~0.2 s here, less than the poll below can take on a loaded machine (CI). The killed
+    # run sleeps SLOW_S after each step past 23 (same numbers, a slower machine): 7 s of window, and no
+    # added time, as the kill still comes one poll after step 23.
+    cmd = torchrun_cmd(["--data", small_shards, "--out", out, *ARGS], module="tests.helpers.slowed_trainer")
+    slow = {"SLOW_AFTER_STEP": str(KILL_AT), "SLOW_STEP_S": str(SLOW_S)}
+    p = subprocess.Popen(cmd, cwd=REPO, env=env() | slow, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
     metrics = out / "metrics.rank0.jsonl"
     deadline = time.time() + 90
     try:
         while time.time() < deadline and p.poll() is None:
-            if metrics.exists() and any(r["step"] >= 23 for r in read_jsonl(metrics)):
+            if metrics.exists() and any(r["step"] >= KILL_AT for r in read_live_jsonl(metrics)):
                 break
             time.sleep(0.02)
     finally:
@@ -113,9 +127,10 @@ def test_kill_and_resume_reproduces_the_uninterrupted_losses(run_a, small_shards
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         p.wait(timeout=30)
-    time.sleep(0.5)
-    last = max(r["step"] for r in read_jsonl(metrics))
-    assert 23 <= last < STEPS, "the run was not interrupted mid-way"
+    last = max(r["step"] for r in read_live_jsonl(metrics))  # a SIGKILL can leave half a line
+    assert last >= KILL_AT, f"the run ended (step {last}) before step {KILL_AT}"
+    assert not (out / "ckpt" / "step_000030.pt").exists(), \
+        f"the kill landed after step 30's checkpoint (step {last}): make the steps after {KILL_AT} slower"
     # a torn newest checkpoint must be detected and the previous one used
     newest = out / "ckpt" / "step_000020.pt"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
