@@ -52,7 +52,7 @@ class Agent:
     """One node: `torch.distributed.run` elastic agent (1 worker) with its own --out and log files."""
 
     def __init__(self, name: str, root: Path, store: Store, trainer_args: list, nnodes="2:3",
-                 max_restarts=3, run_id="elastic-test", log="agent.log"):
+                 max_restarts=3, run_id="elastic-test", log="agent.log", module="trainer", env_extra=None):
         self.name, self.out = name, root / name / "out"
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.log = root / name / log
@@ -60,13 +60,13 @@ class Agent:
                f"--max-restarts={max_restarts}", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{store.port}", f"--rdzv-id={run_id}",
                f"--rdzv-conf=is_host=false,{RDZV_CONF}", "--local-addr=127.0.0.1", "--monitor-interval=0.2",
-               "-m", "trainer", *map(str, trainer_args), "--out", str(self.out), "--elastic"]
+               "-m", module, *map(str, trainer_args), "--out", str(self.out), "--elastic"]
         # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the default (the workers share a TCPStore server that
         # the rank-0 agent hosts), torch 2.13's c10d handler caches the first round's master address on
         # every agent that is not rank 0 (dynamic_rendezvous.py, next_rendezvous), so after the master
         # node is lost the survivors' workers dial the dead master's store and never form a group. With
         # it, every round publishes a fresh master address and port under the round's key prefix.
-        e = env() | {"DDPLAB_NODE_NAME": name, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        e = env() | {"DDPLAB_NODE_NAME": name, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} | (env_extra or {})
         with open(self.log, "w") as f:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=e, stdout=f, stderr=subprocess.STDOUT,
                                          start_new_session=True)

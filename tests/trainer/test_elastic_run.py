@@ -20,6 +20,11 @@ from tests.helpers.trainer_runs import REPO, env, read_jsonl, read_live_jsonl, t
 pytestmark = pytest.mark.slow
 
 STEPS, CKPT, KILL_AT = 120, 10, 25
+# The kill must land mid-run: the 95 steps after KILL_AT take ~2 s here (seen at load 6-9), as little as the
+# poll and the kill can take on a loaded machine (CI). The first group's workers sleep 0.2 s after each
+# step past KILL_AT (tests/helpers/slowed_trainer.py: same numbers, a slower machine): ~19 s of run left,
+# and no added time, as the kill still comes one poll after KILL_AT; the re-formed group is not slowed.
+SLOW = {"SLOW_AFTER_STEP": str(KILL_AT), "SLOW_STEP_S": "0.2"}
 ARGS = ["--steps", STEPS, "--depth", "1", "--seq-len", "32", "--batch-size", "4", "--threads", "1",
         "--log-every", "10", "--ckpt-every", CKPT, "--ckpt-keep", "20", "--check-every", CKPT,
         "--straggler-every", "0", "--timing-warmup-steps", "1", "--pg-timeout-s", "20"]
@@ -28,11 +33,14 @@ ARGS = ["--steps", STEPS, "--depth", "1", "--seq-len", "32", "--batch-size", "4"
 def run_and_kill(shards, root, victim_rank: int) -> dict:
     """3 nodes; when a node reaches step KILL_AT, kill the node whose worker holds `victim_rank`."""
     store = Store()
-    agents = [Agent(f"node{i}", root, store, ["--data", shards, *ARGS]) for i in range(3)]
+    agents = [Agent(f"node{i}", root, store, ["--data", shards, *ARGS], module="tests.helpers.slowed_trainer",
+                    env_extra=SLOW) for i in range(3)]
     try:
         wait_for_step(agents, KILL_AT)
         victim = next(a for a in agents if rank_of(a) == victim_rank)
         killed_at = victim.kill()
+        steps_at_kill = max(m["step"] for a in agents for m in read_jsonl_all(a))
+        assert steps_at_kill < STEPS, f"the run ended before the kill: make the steps after {KILL_AT} slower"
         survivors = [a for a in agents if a is not victim]
         resumed_at = first_step_after(survivors, killed_at)
         codes = [a.wait(timeout=300) for a in survivors]
@@ -124,7 +132,8 @@ def check_reformed(res, shards, tmp) -> dict:
 
 
 def read_jsonl_all(agent) -> list[dict]:
-    return [m for p in agent.out.glob("metrics.rank*.jsonl") for m in read_jsonl(p)]
+    """Every step record of the node (a file a killed rank was writing can end in half a line)."""
+    return [m for p in agent.out.glob("metrics.rank*.jsonl") for m in read_live_jsonl(p)]
 
 
 def test_a_worker_node_is_lost_and_the_other_two_finish(small_shards, tmp_path):
