@@ -69,6 +69,13 @@ def test_port_holder_sees_ipv6_listeners():
         s.close()
 
 
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_lab_processes_finds_orphans_of_this_lab_only(tmp_path):
     lab = tmp_path / "ddplab"
     lab.mkdir()
@@ -80,7 +87,7 @@ def test_lab_processes_finds_orphans_of_this_lab_only(tmp_path):
     unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not os.path.exists(f"/proc/{orphan}/cmdline"):
+        while time.monotonic() < deadline and b"rank.py" not in cmdline(orphan):  # the shell's fork exec'd
             time.sleep(0.05)
         r = probe("lab-processes", "--root", str(lab))
         found = {p["pid"]: p for p in r["processes"]}
