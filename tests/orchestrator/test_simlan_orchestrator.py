@@ -21,6 +21,7 @@ from nodeprobe import hashing
 from simlan.network import GATEWAY  # the control host's address on the bridge
 from tests.helpers.firewall import ephemeral_ports, lab_comment
 from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
+from tests.helpers.trainer_runs import complete_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -227,10 +228,23 @@ def test_shards_are_pruned_by_record_not_by_glob(simlan2, lab, first_launch, tmp
         assert back.returncode == 0, tail(back)
 
 
+# The cut must land while the ranks train: a fixed 8 s after start.yml came before the first step here (load
+# 7) and could come after the last one on a quiet machine (60 steps took 3.4-8.6 s in CI runs). The test
+# waits for node1's first step, then cuts: CUT_STEPS of 55-145 ms leave 6-17 s of training for it.
+CUT_STEPS = 120
+
+
+def last_step(cluster, host, run_id, rank) -> int:
+    text = cluster.exec(host, ["cat", f"/root/ddplab/runs/{run_id}/out/metrics.rank{rank}.jsonl"],
+                        timeout=30).stdout
+    lines = complete_lines(text)
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
 def test_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab, first_launch):
     _prepared(first_launch)
     start = playbook("start.yml", inventory=simlan2.inventory_dir, timeout=300,
-                     extra={**lab, "ddplab_trainer_steps": 60, "ddplab_run_id": "sim-cut"})
+                     extra={**lab, "ddplab_trainer_steps": CUT_STEPS, "ddplab_run_id": "sim-cut"})
     assert start.returncode == 0, tail(start)
     follow_out = {}
 
@@ -241,16 +255,22 @@ def test_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab, f
 
     t = threading.Thread(target=follow)
     t.start()
-    time.sleep(8)
+    deadline = time.monotonic() + 300
+    while last_step(simlan2, "node1", "sim-cut", 1) < 1:
+        assert time.monotonic() < deadline, "node1's rank did not train"
+        time.sleep(0.2)
     for host in ("node0", "node1"):
         simlan2.sshd(host, "restart", cut=True)
+    at_cut = last_step(simlan2, "node1", "sim-cut", 1)
+    print(f"\n[simlan] both sshds restarted, their sessions cut, at node1's step {at_cut} of {CUT_STEPS}")
+    assert at_cut < CUT_STEPS, f"the run ended before the SSH cut (step {at_cut}): make it longer"
     # wait.yml (new SSH connections) follows the run to its end, collects the logs, checks exit codes.
     wait = playbook("wait.yml", inventory=simlan2.inventory_dir, timeout=400, extra=lab)
     t.join(timeout=320)
     assert wait.returncode == 0, tail(wait)
     summary = json.loads((lab["ddplab_runs_dir"] / "sim-cut" / "summary.json").read_text())
     assert summary["exit_codes"] == {"node0/rank0": 0, "node1/rank1": 0}
-    assert summary["steps"] == 60 and summary["byte_equivalent"] is True
+    assert summary["steps"] == CUT_STEPS and summary["byte_equivalent"] is True
     # follow (ssh) saw both panes to the end across the SSH cut.
     out = follow_out["proc"]
     assert out.returncode == 0, out.stderr
