@@ -60,8 +60,10 @@ def first_launch(simlan_cluster, lab):
                                       f"s=socket.socket(); s.bind((\"0.0.0.0\",{PORT})); s.listen(); "
                                       f"time.sleep(3600)' >/dev/null 2>&1 </dev/null & echo $!"], timeout=30)
     squatter_pid = squatter.stdout.strip()
-    time.sleep(0.5)
-    assert f":{PORT}" in simlan2.exec("node0", ["ss", "-Htln"], timeout=30).stdout
+    deadline = time.monotonic() + 30  # a Python starting: 30-60 ms here, 0.8-1.1 s at 4 % of a CPU
+    while f":{PORT}" not in simlan2.exec("node0", ["ss", "-Htln"], timeout=30).stdout:
+        assert time.monotonic() < deadline, "the squatter did not listen"
+        time.sleep(0.1)
 
     extra = {**lab, "ddplab_wait": "true", "ddplab_trainer_steps": 8, "ddplab_run_id": "sim-a"}
     refused = playbook("launch.yml", inventory=simlan2.inventory_dir, timeout=420, extra=extra)
