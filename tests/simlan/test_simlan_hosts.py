@@ -147,7 +147,10 @@ def test_hosts_a_file_left_changed_are_not_handed_to_the_next_file(simlan2, siml
     assert simlan_cluster(2).created_at == simlan2.created_at  # kept
     simlan2.exec("node0", ["sh", "-c", "mkdir /root/ddplab && ufw allow from 10.77.0.99 to any port 29500 "
                            "proto tcp >/dev/null"], check=True)
-    simlan2.exec("node1", ["sh", "-c", "setsid tail -f /dev/null >/dev/null 2>&1 </dev/null &"], check=True)
+    # the shell returns before its child has become tail (CI saw it still named setsid): wait for the name
+    named = "for i in $(seq 300); do pgrep -x tail >/dev/null && exit 0; sleep 0.1; done; exit 1"
+    simlan2.exec("node1", ["sh", "-c", f"setsid tail -f /dev/null >/dev/null 2>&1 </dev/null & {named}"],
+                 check=True)
     assert leftovers.changes(simlan2) == ["node0: ~/ddplab", "node0: ufw settings", "node1: process tail"]
     simlan_cluster.discard_if_changed()
     assert simlan_cluster(2).created_at != simlan2.created_at  # new hosts
