@@ -58,6 +58,13 @@ def complete_lines(text: str) -> list[str]:
     return [line for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
+def node_last_step(cluster, host: str, run_id: str, rank: int) -> int:
+    """The last step a rank of a run on a simulated host has written to its metrics (0: none yet)."""
+    out = cluster.exec(host, ["cat", f"/root/ddplab/runs/{run_id}/out/metrics.rank{rank}.jsonl"], timeout=30)
+    lines = complete_lines(out.stdout if out.returncode == 0 else "")
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
 def read_live_jsonl(path) -> list[dict]:
     """The complete records of a JSONL file a running rank is still writing."""
     return [json.loads(line) for line in complete_lines(Path(path).read_text())]

@@ -21,7 +21,7 @@ from nodeprobe import hashing
 from simlan.network import GATEWAY  # the control host's address on the bridge
 from tests.helpers.firewall import ephemeral_ports, lab_comment
 from tests.helpers.playbooks import REPO, make_shards, playbook, recap, tail
-from tests.helpers.trainer_runs import complete_lines
+from tests.helpers.trainer_runs import node_last_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -236,13 +236,6 @@ def test_shards_are_pruned_by_record_not_by_glob(simlan2, lab, first_launch, tmp
 CUT_STEPS = 120
 
 
-def last_step(cluster, host, run_id, rank) -> int:
-    text = cluster.exec(host, ["cat", f"/root/ddplab/runs/{run_id}/out/metrics.rank{rank}.jsonl"],
-                        timeout=30).stdout
-    lines = complete_lines(text)
-    return json.loads(lines[-1])["step"] if lines else 0
-
-
 def test_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab, first_launch):
     _prepared(first_launch)
     start = playbook("start.yml", inventory=simlan2.inventory_dir, timeout=300,
@@ -258,12 +251,12 @@ def test_ssh_cut_mid_run_training_finishes_and_follow_reconnects(simlan2, lab, f
     t = threading.Thread(target=follow)
     t.start()
     deadline = time.monotonic() + 300
-    while last_step(simlan2, "node1", "sim-cut", 1) < 1:
+    while node_last_step(simlan2, "node1", "sim-cut", 1) < 1:
         assert time.monotonic() < deadline, "node1's rank did not train"
         time.sleep(0.2)
     for host in ("node0", "node1"):
         simlan2.sshd(host, "restart", cut=True)
-    at_cut = last_step(simlan2, "node1", "sim-cut", 1)
+    at_cut = node_last_step(simlan2, "node1", "sim-cut", 1)
     print(f"\n[simlan] both sshds restarted, their sessions cut, at node1's step {at_cut} of {CUT_STEPS}")
     assert at_cut < CUT_STEPS, f"the run ended before the SSH cut (step {at_cut}): make it longer"
     # wait.yml (new SSH connections) follows the run to its end, collects the logs, checks exit codes.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.playbooks import BIN, REPO, make_shards, playbook, tail
-from tests.helpers.trainer_runs import complete_lines
+from tests.helpers.trainer_runs import complete_lines, node_last_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.simlan]
 
@@ -50,11 +50,6 @@ def node_file(cluster, host, path):
 
 def run_file(cluster, host, run_id, name):
     return node_file(cluster, host, f"/root/ddplab/runs/{run_id}/{name}")
-
-
-def last_step(cluster, host, run_id, rank):
-    lines = complete_lines(run_file(cluster, host, run_id, f"out/metrics.rank{rank}.jsonl") or "")
-    return json.loads(lines[-1])["step"] if lines else 0
 
 
 def rank_procs(cluster, host, run_id):
@@ -130,15 +125,15 @@ def killed_run(prepared, lab):
     """Run res-kill with node1's worker SIGKILLed after step 32: what its peer and status then said."""
     simlan2, run = prepared, "res-kill"
     start(simlan2, lab, run, STEPS)
-    pid = wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 1 and worker_pid(simlan2, "node1", run),
-                   180, "node1's worker to train")
-    wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 3 * CKPT_EVERY + 2, 180, "step 32 on node1",
+    pid = wait_for(lambda: (node_last_step(simlan2, "node1", run, 1) >= 1
+                            and worker_pid(simlan2, "node1", run)), 180, "node1's worker to train")
+    wait_for(lambda: node_last_step(simlan2, "node1", run, 1) >= 3 * CKPT_EVERY + 2, 180, "step 32 on node1",
              every=0.1)
     simlan2.exec("node1", ["kill", "-KILL", str(pid)], timeout=30, check=True)
     t_fault = time.monotonic()
     wait_for(lambda: run_file(simlan2, "node0", run, "exit_code"), 120, "node0's rank to exit", every=0.25)
     verdict_s = time.monotonic() - t_fault
-    steps_done = max(last_step(simlan2, "node0", run, 0), last_step(simlan2, "node1", run, 1))
+    steps_done = max(node_last_step(simlan2, "node0", run, 0), node_last_step(simlan2, "node1", run, 1))
     print(f"\n[resilience] rank SIGKILLed on node1 at step ~{steps_done}: node0's rank exited after "
           f"{verdict_s:.1f} s")
     # both launch scripts done before anything else uses the run (the resume test reuses its id)
@@ -210,7 +205,7 @@ def test_resume_skips_a_torn_checkpoint_and_matches_an_uninterrupted_run(prepare
 def test_stop_ends_every_rank_even_when_torchrun_was_killed(prepared, lab):
     simlan2, run = prepared, "res-stop"
     start(simlan2, lab, run, 5000)
-    wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 2, 180, "the run to train")
+    wait_for(lambda: node_last_step(simlan2, "node1", run, 1) >= 2, 180, "the run to train")
     # a torchrun killed hard leaves its worker running (own session): stop must end it too
     agent = agent_pid(simlan2, "node1", run)
     assert agent
@@ -234,7 +229,7 @@ def test_ctrl_c_on_a_waiting_launch_stops_every_rank(prepared, lab):
     proc = subprocess.Popen(argv, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 2, 300, "the run to train")
+        wait_for(lambda: node_last_step(simlan2, "node1", run, 1) >= 2, 300, "the run to train")
         assert proc.poll() is None
         # Ctrl-C: the terminal sends SIGINT to its foreground process group, ansible-playbook and its
         # forks alike (the guard left its session). Sent to the main process alone, it went unanswered in
@@ -265,11 +260,11 @@ def max_step_ms(cluster, host, run_id, rank):
 def test_a_lid_closed_for_less_than_the_collective_timeout_and_the_run_finishes(prepared, lab):
     simlan2, run, steps = prepared, "res-lid-short", 1000
     start(simlan2, lab, run, steps, ddplab_pg_timeout=LID_PG_TIMEOUT)
-    wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 5, 180, "the run to train", every=0.1)
+    wait_for(lambda: node_last_step(simlan2, "node1", run, 1) >= 5, 180, "the run to train", every=0.1)
     try:
         simlan2.freeze_host("node1")
         time.sleep(SHORT_LID_S)
-        at_thaw = last_step(simlan2, "node0", run, 0)
+        at_thaw = node_last_step(simlan2, "node0", run, 0)
     finally:
         simlan2.thaw_host("node1")
     assert at_thaw < steps, f"the run ended before the freeze (node0 at step {at_thaw}): make it longer"
@@ -277,7 +272,7 @@ def test_a_lid_closed_for_less_than_the_collective_timeout_and_the_run_finishes(
         wait_for(lambda h=host: run_file(simlan2, h, run, "exit_code"), 180, f"{host}'s rank to finish")
         code = run_file(simlan2, host, run, "exit_code").strip()
         assert code == "0", run_file(simlan2, host, run, "launch.log")
-    assert last_step(simlan2, "node0", run, 0) == steps
+    assert node_last_step(simlan2, "node0", run, 0) == steps
     # the freeze happened mid-run: node0's longest step waited the whole freeze for node1's gradients
     longest = max_step_ms(simlan2, "node0", run, 0)
     print(f"\n[resilience] node1 frozen {SHORT_LID_S} s mid-run (ddplab_pg_timeout {LID_PG_TIMEOUT}): the "
@@ -288,7 +283,7 @@ def test_a_lid_closed_for_less_than_the_collective_timeout_and_the_run_finishes(
 def test_a_lid_closed_for_longer_ends_the_run_and_status_says_not_answering(prepared, lab):
     simlan2, run = prepared, "res-lid-long"
     start(simlan2, lab, run, 5000, ddplab_pg_timeout=LID_PG_TIMEOUT)
-    wait_for(lambda: last_step(simlan2, "node1", run, 1) >= 5, 180, "the run to train")
+    wait_for(lambda: node_last_step(simlan2, "node1", run, 1) >= 5, 180, "the run to train")
     try:
         simlan2.freeze_host("node1")
         t_fault = time.monotonic()
@@ -318,7 +313,7 @@ def test_dead_host_is_named_by_its_peer_within_60s_and_status_names_it(prepared,
     simlan2, run = prepared, "res-host"
     try:
         start(simlan2, lab, run, 5000)
-        wait_for(lambda: last_step(simlan2, "node0", run, 0) >= 5, 180, "the run to train")
+        wait_for(lambda: node_last_step(simlan2, "node0", run, 0) >= 5, 180, "the run to train")
         simlan2.kill_host("node1")
         t_fault = time.monotonic()
         wait_for(lambda: run_file(simlan2, "node0", run, "exit_code"), 120, "node0's rank to exit",
